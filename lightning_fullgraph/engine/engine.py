@@ -1,0 +1,115 @@
+"""One object that runs a model on one partition with plain ``torch.distributed``.
+
+:class:`FullGraphEngine` is what the Lightning strategy and the Fabric helpers
+wrap; it can equally be used in a hand-written training loop::
+
+    dist.init_process_group("gloo")
+    part = load_partition(path, dist.get_rank())
+    engine = FullGraphEngine(part)
+    engine.attach(model)                       # hooks, BatchNorm sync, same init
+    data = engine.data                         # rank-local Data
+    out = model(data.x, data.edge_index)
+    loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+    engine.backward(loss)                      # exact global gradient on every rank
+    optimizer.step()
+"""
+from typing import Any, Iterable, Optional, Type
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from .codec import Codec
+from .exchange import HaloExchange
+from .gather import gather_nodes
+from .gradients import all_reduce_gradients, broadcast_parameters, loss_weight
+from .partitioned import PartitionedModel, partition_model
+
+__all__ = ["FullGraphEngine"]
+
+
+class FullGraphEngine:
+    r"""Partitioned full-graph execution for one rank.
+
+    Args:
+        partition (LocalPartition): This rank's partition.
+        group (ProcessGroup, optional): Process group (default: the world).
+        codec (Codec, optional): Wire codec of the halo exchange.
+        loss_mask (str): Node mask whose mean the training loss is
+            (``"train_mask"``); ranks weight their loss by their share of it.
+    """
+
+    def __init__(self, partition, group: Optional[Any] = None, codec: Optional[Codec] = None,
+                 loss_mask: str = "train_mask") -> None:
+        self.partition = partition
+        self.group = group
+        self.exchange = HaloExchange.from_partition(partition, group=group, codec=codec)
+        self.loss_mask = loss_mask
+        self._model: Optional[PartitionedModel] = None
+        self._data: Optional[Data] = None
+
+    @property
+    def data(self) -> Data:
+        r"""The rank-local graph as a PyG :class:`~torch_geometric.data.Data`."""
+        if self._data is None:
+            self._data = self.partition.to_data()
+        return self._data
+
+    @property
+    def stats(self):
+        return self.exchange.stats
+
+    def attach(self, model: torch.nn.Module,
+               trusted_layers: Iterable[Type[torch.nn.Module]] = (),
+               sync_batchnorm: bool = True, broadcast: bool = True) -> PartitionedModel:
+        r"""Attaches :obj:`model` (see :func:`partition_model`) and, by default,
+        broadcasts rank 0's parameters so all replicas start equal."""
+        if self._model is not None and self._model.attached:
+            raise RuntimeError("a model is already attached; call detach() first")
+        self._model = partition_model(model, self.exchange, trusted_layers, sync_batchnorm)
+        if broadcast:
+            broadcast_parameters(model, group=self.group)
+        return self._model
+
+    def detach(self) -> Optional[torch.nn.Module]:
+        r"""Reverts the attached model to its original form."""
+        if self._model is None:
+            return None
+        model = self._model.revert()
+        self._model = None
+        return model
+
+    def loss_weight(self, mask: Optional[str] = None) -> float:
+        r"""This rank's share of the nodes of :obj:`mask` (default: the loss mask)."""
+        mask = mask or self.loss_mask
+        local = self.partition.node_attrs.get(mask)
+        if local is None:
+            raise KeyError(f"partition has no node mask '{mask}'")
+        return loss_weight(int(local.sum()), int(self.partition.global_counts[mask]))
+
+    def scale_loss(self, loss: Tensor, mask: Optional[str] = None) -> Tensor:
+        r"""Rank-local mean loss → this rank's term of the global mean loss.
+
+        A rank without nodes of the mask contributes zero (not NaN).
+        """
+        w = self.loss_weight(mask)
+        if w == 0.0:
+            return loss.nan_to_num(0.0) * 0.0
+        return loss * w
+
+    def all_reduce_gradients(self, params: Iterable[Tensor]) -> None:
+        all_reduce_gradients(params, group=self.group)
+
+    def backward(self, loss: Tensor, params: Optional[Iterable[Tensor]] = None) -> None:
+        r"""Scales :obj:`loss`, back-propagates, and sums gradients over ranks."""
+        self.scale_loss(loss).backward()
+        if params is None:
+            if self._model is None:
+                raise RuntimeError("backward() needs params or an attached model")
+            params = self._model.model.parameters()
+        self.all_reduce_gradients(params)
+
+    def gather(self, local: Tensor) -> Tensor:
+        r"""Per-rank node rows → global node order (on every rank)."""
+        return gather_nodes(local, self.partition.owned_ids, self.partition.num_nodes,
+                            self.group)

@@ -1,0 +1,82 @@
+"""Communication accounting: bytes and seconds per exchange point, per direction."""
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Dict
+
+__all__ = ["CommStats", "ExchangeCounter"]
+
+
+@dataclass
+class ExchangeCounter:
+    r"""Totals for one exchange point (a layer argument) and one direction."""
+
+    calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    rows_sent: int = 0
+    rows_received: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: "ExchangeCounter") -> None:
+        self.calls += other.calls
+        self.bytes_sent += other.bytes_sent
+        self.bytes_received += other.bytes_received
+        self.rows_sent += other.rows_sent
+        self.rows_received += other.rows_received
+        self.seconds += other.seconds
+
+
+@dataclass
+class CommStats:
+    r"""Per-rank communication statistics of a :class:`HaloExchange`.
+
+    Counters are keyed by ``(key, direction)`` with ``direction`` in
+    ``{"forward", "backward"}`` and accumulate until :meth:`reset`, so a caller
+    takes an epoch's figures with :meth:`snapshot` then :meth:`reset`.
+    """
+
+    counters: Dict[tuple, ExchangeCounter] = field(
+        default_factory=lambda: defaultdict(ExchangeCounter))
+
+    def record(self, key: str, direction: str, *, bytes_sent: int, bytes_received: int,
+               rows_sent: int, rows_received: int, seconds: float) -> None:
+        c = self.counters[(key, direction)]
+        c.calls += 1
+        c.bytes_sent += bytes_sent
+        c.bytes_received += bytes_received
+        c.rows_sent += rows_sent
+        c.rows_received += rows_received
+        c.seconds += seconds
+
+    def reset(self) -> None:
+        self.counters.clear()
+
+    def total(self, direction: str = None) -> ExchangeCounter:
+        r"""Sums all counters, or those of one direction."""
+        out = ExchangeCounter()
+        for (_, d), c in self.counters.items():
+            if direction is None or d == direction:
+                out.add(c)
+        return out
+
+    def per_key(self) -> Dict[str, ExchangeCounter]:
+        r"""Sums both directions per exchange point."""
+        out: Dict[str, ExchangeCounter] = defaultdict(ExchangeCounter)
+        for (key, _), c in self.counters.items():
+            out[key].add(c)
+        return dict(out)
+
+    def snapshot(self) -> Dict[str, float]:
+        r"""Flat dictionary for loggers: totals and per-direction figures."""
+        out: Dict[str, float] = {}
+        for direction in ("forward", "backward"):
+            t = self.total(direction)
+            out[f"comm/{direction}_bytes_sent"] = float(t.bytes_sent)
+            out[f"comm/{direction}_bytes_received"] = float(t.bytes_received)
+            out[f"comm/{direction}_seconds"] = t.seconds
+        t = self.total()
+        out["comm/bytes_sent"] = float(t.bytes_sent)
+        out["comm/bytes_received"] = float(t.bytes_received)
+        out["comm/seconds"] = t.seconds
+        out["comm/exchanges"] = float(t.calls)
+        return out

@@ -1,0 +1,96 @@
+"""Launch a function on several gloo processes (for tests, examples and notebooks).
+
+:func:`run_distributed` spawns ``world_size`` processes, initializes a gloo
+process group in each, runs ``fn(rank, world_size, *args)`` and returns the
+per-rank results in rank order.  An exception in any rank is re-raised in the
+caller with that rank's traceback; the other ranks are terminated, never left
+waiting.
+"""
+import os
+import queue as queue_module
+import time
+import socket
+import traceback
+from datetime import timedelta
+from typing import Any, Callable, List
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["run_distributed", "free_port"]
+
+
+def free_port() -> int:
+    r"""A TCP port on the loopback interface that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable,
+            args: tuple, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    import torch
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        result = fn(rank, world_size, *args)
+        queue.put((rank, True, result))
+    except BaseException:  # report every failure, including asserts, to the parent
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable, world_size: int, *args: Any,
+                    timeout_s: float = 120.0) -> List[Any]:
+    r"""Runs :obj:`fn` on :obj:`world_size` spawned gloo ranks.
+
+    Args:
+        fn (Callable): A module-level function ``fn(rank, world_size, *args)``;
+            its return value must be picklable.
+        world_size (int): Number of processes.
+        *args: Extra arguments (picklable).
+        timeout_s (float): Collective timeout and overall deadline.
+
+    Returns:
+        The results of ranks ``0 .. world_size - 1``.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, timeout_s, fn, args, queue),
+                         daemon=True) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    deadline = time.monotonic() + timeout_s + 60
+    try:
+        while len(results) < world_size and not errors:
+            try:
+                rank, ok, payload = queue.get(timeout=0.5)
+            except queue_module.Empty:
+                # A rank that died without reporting (killed, segfault) fails the run now.
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and r not in results]
+                if dead and queue.empty():
+                    errors.append(f"rank(s) {dead} exited with codes "
+                                  f"{[procs[r].exitcode for r in dead]} without a result")
+                elif time.monotonic() > deadline:
+                    errors.append(f"ranks did not finish within {timeout_s + 60:.0f} s")
+                continue
+            if ok:
+                results[rank] = payload
+            else:
+                errors.append(f"rank {rank} failed:\n{payload}")
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 0.1)
+            if p.is_alive():
+                p.terminate()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [results[r] for r in range(world_size)]
