@@ -1,0 +1,85 @@
+"""Logs what the halo exchange moved and how long it took."""
+import time
+from typing import Any, Dict, Optional
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+
+__all__ = ["CommunicationMonitor"]
+
+
+class CommunicationMonitor(Callback):
+    r"""Logs halo-exchange bytes and time of every training epoch.
+
+    Logged per epoch (means over ranks, plus ``_max`` over ranks for the bytes):
+    ``comm/sent_MB``, ``comm/received_MB``, ``comm/exchange_s`` (seconds inside
+    the exchange), ``comm/compute_s`` (rest of the training step), and per layer
+    ``comm/layer/<name>_MB``.  ``comm/sent_MB`` also appears in the progress bar.
+    The last epoch's figures stay in :attr:`last` and, per rank, in
+    :attr:`history` (one dictionary per epoch).
+
+    Args:
+        per_layer (bool): Also log per-layer byte counts.
+        prog_bar (bool): Show the sent megabytes in the progress bar.
+    """
+
+    def __init__(self, per_layer: bool = True, prog_bar: bool = True) -> None:
+        self.per_layer = per_layer
+        self.prog_bar = prog_bar
+        self.last: Dict[str, float] = {}
+        self.history = []
+        self._step_start: Optional[float] = None
+        self._step_seconds = 0.0
+
+    @staticmethod
+    def _engine(trainer: "pl.Trainer"):
+        return getattr(trainer.strategy, "engine", None)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        engine = self._engine(trainer)
+        if engine is not None:
+            engine.stats.reset()
+        self._step_seconds = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._step_start is not None:
+            self._step_seconds += time.perf_counter() - self._step_start
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        engine = self._engine(trainer)
+        if engine is None:
+            return
+        stats = engine.stats
+        total = stats.total()
+        local = {
+            "comm/sent_MB": total.bytes_sent / 1e6,
+            "comm/received_MB": total.bytes_received / 1e6,
+            "comm/exchange_s": total.seconds,
+            "comm/compute_s": max(0.0, self._step_seconds - total.seconds),
+        }
+        if self.per_layer:
+            for key, counter in sorted(stats.per_key().items()):
+                local[f"comm/layer/{key}_MB"] = (counter.bytes_sent + counter.bytes_received) / 1e6
+        names = sorted(local)
+        values = torch.tensor([local[n] for n in names], dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            mean, peak = values.clone(), values.clone()
+            dist.all_reduce(mean)
+            mean /= dist.get_world_size()
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        else:
+            mean, peak = values, values
+        metrics = dict(zip(names, mean.tolist()))
+        metrics["comm/sent_MB_max"] = peak[names.index("comm/sent_MB")].item()
+        metrics["comm/exchange_s_max"] = peak[names.index("comm/exchange_s")].item()
+        self.last = metrics
+        self.history.append(dict(local))
+        for name, value in metrics.items():
+            pl_module.log(name, value, prog_bar=self.prog_bar and name == "comm/sent_MB",
+                          on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False)

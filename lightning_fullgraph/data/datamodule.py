@@ -1,0 +1,166 @@
+"""``FullGraphDataModule``: one graph in, one rank-local partition per process out.
+
+The data module partitions the graph once (on local rank 0 of every node, in
+``prepare_data``; the result is cached on disk by graph fingerprint, number of
+parts and options) and then every rank loads only its own partition in
+``setup``.  Each dataloader yields that rank-local graph as a single PyG
+:class:`~torch_geometric.data.Data` batch, like PyG's
+``LightningNodeData(loader="full")`` does for the whole graph on one device.
+"""
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+import lightning.pytorch as pl
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+from torch_geometric.data import Data
+
+__all__ = ["FullGraphDataModule"]
+
+# Our one-batch iterable has an exact length; Lightning's caution about iterable
+# datasets with __len__ under multi-worker loading does not apply to it.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class _OneGraph(IterableDataset):
+    # Iterable on purpose: Lightning never wraps iterable datasets in a
+    # DistributedSampler, which would split this single batch across ranks.
+    def __init__(self, data: Data) -> None:
+        self.data = data
+
+    def __iter__(self) -> Iterator[Data]:
+        yield self.data
+
+    def __len__(self) -> int:
+        return 1
+
+
+class FullGraphDataModule(pl.LightningDataModule):
+    r"""Serves the rank-local partition of one graph to every process.
+
+    Args:
+        data (Data or str): A PyG :class:`~torch_geometric.data.Data` with
+            ``x``, ``edge_index``, ``y`` and node masks, a dataset name
+            (``"cora"``, ``"synthetic:nodes=100000,degree=10"``, see
+            :func:`~lightning_fullgraph.data.load_dataset`), or the directory of
+            partitions written by ``lightning-fullgraph partition``.
+        num_parts (int, optional): Number of parts (default: the world size;
+            anything else is an error at load time).
+        cache_dir (str, optional): Root of the partition cache (default:
+            ``$LIGHTNING_FULLGRAPH_CACHE`` or ``~/.cache/lightning_fullgraph``).
+        seed (int): METIS seed.
+        validate (bool): Check the graph (NaN features, labels out of range,
+            masks, ...) before partitioning.
+        num_classes (int, optional): Number of classes, for label checks.
+
+    Only local rank 0 of each node loads the global graph when :obj:`data` is a
+    name or path, and it drops it once the partitions are written: during
+    training no rank holds the whole graph.
+    """
+
+    def __init__(self, data: Union[Data, str, os.PathLike], num_parts: Optional[int] = None,
+                 cache_dir: Optional[str] = None, seed: int = 0, validate: bool = True,
+                 num_classes: Optional[int] = None) -> None:
+        super().__init__()
+        self._data = data if isinstance(data, Data) else None
+        self._source = None if isinstance(data, Data) else str(data)
+        self.num_parts = num_parts
+        self.cache_dir = cache_dir
+        self.seed = seed
+        self.validate = validate
+        self.num_classes = num_classes
+        self.partition_dir: Optional[Path] = None
+        self.partition = None  # LocalPartition of this rank after setup()
+        self._local: Optional[Data] = None
+
+    # -- where am I ---------------------------------------------------------------
+    def _rank_world(self):
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return trainer.global_rank, trainer.world_size
+        if dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def _global_graph(self) -> Data:
+        if self._data is not None:
+            return self._data
+        from . import load_dataset
+        return load_dataset(self._source)
+
+    # -- Lightning hooks -------------------------------------------------------------
+    def prepare_data(self) -> None:
+        r"""Partitions the graph (or reuses the cache); runs once per node."""
+        from ..partition import partition_graph
+        _, world = self._rank_world()
+        if self._source is not None and Path(self._source).is_dir():
+            self.partition_dir = Path(self._source)
+            return
+        data = self._global_graph()
+        if self.validate:
+            from .validation import validate_graph
+            validate_graph(data, num_classes=self.num_classes)
+        self.partition_dir = partition_graph(data, self.num_parts or world, root=self.cache_dir,
+                                             seed=self.seed)
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        r"""Loads this rank's partition."""
+        from ..partition import load_partition
+        if self.partition is not None:
+            return
+        rank, world = self._rank_world()
+        trainer = getattr(self, "trainer", None)
+        if self.partition_dir is None and trainer is None and rank == 0:
+            self.prepare_data()
+        path = str(self.partition_dir) if self.partition_dir is not None else None
+        if trainer is not None:
+            path = trainer.strategy.broadcast(path, src=0)
+        elif dist.is_initialized():
+            box = [path]
+            dist.broadcast_object_list(box, src=0)
+            path = box[0]
+        if path is None:
+            raise RuntimeError("no partition directory: prepare_data() did not run on rank 0")
+        self.partition_dir = Path(path)
+        self.partition = load_partition(self.partition_dir, rank, num_parts=world)
+        self._local = self.partition.to_data()
+        if self._source is not None:
+            self._data = None  # the global graph is not kept past partitioning
+
+    @property
+    def local_data(self) -> Data:
+        r"""This rank's graph (owned nodes, local edges with halo sources)."""
+        if self._local is None:
+            raise RuntimeError("call setup() first")
+        return self._local
+
+    @property
+    def num_features(self) -> int:
+        return int(self.local_data.x.size(-1))
+
+    def _loader(self) -> DataLoader:
+        return DataLoader(_OneGraph(self.local_data), batch_size=None, collate_fn=_identity)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def state_dict(self) -> dict:
+        return {"partition_dir": str(self.partition_dir) if self.partition_dir else None}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass  # partitions are re-derived from the graph; the cache makes that cheap

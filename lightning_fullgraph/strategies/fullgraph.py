@@ -1,0 +1,185 @@
+"""``FullGraphStrategy``: partitioned full-batch training under Lightning.
+
+The strategy is a small set of overrides of :class:`~lightning.pytorch.strategies.DDPStrategy`
+(process launch, cluster environments, process group, barrier/broadcast/reduce and
+rank-zero checkpointing are inherited) around :class:`~lightning_fullgraph.engine.FullGraphEngine`:
+
+* ``setup``: takes the rank's partition from :class:`~lightning_fullgraph.FullGraphDataModule`,
+  attaches the engine to the LightningModule (halo hooks, synchronized BatchNorm,
+  aggregation kernels) instead of wrapping it in ``DistributedDataParallel``;
+* ``backward``: weights the rank's mean loss by its share of the training nodes,
+  back-propagates (the halo exchange returns halo gradients to their owners) and sums
+  parameter gradients over ranks, which gives the single-process gradient;
+* ``predict_step``: returns node predictions in global node order on every rank;
+* ``teardown``: reverts the model to its original form.
+"""
+import logging
+import os
+from datetime import timedelta
+from typing import Any, Iterable, Optional, Type
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
+from torch_geometric.data.data import BaseData
+
+from ..engine import Codec, FullGraphEngine
+
+__all__ = ["FullGraphStrategy"]
+
+log = logging.getLogger(__name__)
+
+
+class FullGraphStrategy(DDPStrategy):
+    r"""Trains an unmodified PyG model full-graph on a graph partitioned across processes.
+
+    Use it with :class:`~lightning_fullgraph.FullGraphDataModule`::
+
+        trainer = Trainer(accelerator="cpu", devices=4, strategy=FullGraphStrategy())
+        trainer.fit(module, datamodule=FullGraphDataModule(data))
+
+    Args:
+        loss_mask (str): Node mask over which the training loss is a mean
+            (default ``"train_mask"``).  Each rank's loss is weighted by its share of
+            these nodes so that the summed gradients equal the single-process ones.
+            Set ``loss_reduction="sum"`` if your loss is a sum instead of a mean.
+        loss_reduction (str): ``"mean"`` (weight by mask share) or ``"sum"``
+            (no weighting).
+        trusted_layers (Iterable[type]): Extra message-passing classes declared exact
+            (see :func:`~lightning_fullgraph.engine.check_model`).
+        sync_batchnorm (bool): Synchronize ``BatchNorm1d`` statistics across ranks.
+        kernels (str, optional): Aggregation backend (``"auto"``, ``"cpp"``,
+            ``"triton"``, ``"torch"``); ``None`` keeps PyG's own path.
+        codec (Codec, optional): Wire codec of the halo exchange (default exact).
+        timeout (timedelta or float): Collective timeout; a rank whose peer died
+            raises after at most this long instead of hanging.
+        num_threads (int, optional): Torch intra-op threads per rank (default: the
+            node's cores divided by the processes on it).
+        log_communication (bool): Add a
+            :class:`~lightning_fullgraph.callbacks.CommunicationMonitor` unless one is set.
+        **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`
+            (``process_group_backend``, ``start_method``, ``cluster_environment``, ...).
+    """
+
+    strategy_name = "fullgraph"
+
+    def __init__(self, loss_mask: str = "train_mask", loss_reduction: str = "mean",
+                 trusted_layers: Iterable[Type[torch.nn.Module]] = (),
+                 sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
+                 codec: Optional[Codec] = None,
+                 timeout: Any = timedelta(minutes=5), num_threads: Optional[int] = None,
+                 log_communication: bool = True, **kwargs: Any) -> None:
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        if not isinstance(timeout, timedelta):
+            timeout = timedelta(seconds=float(timeout))
+        super().__init__(timeout=timeout, **kwargs)
+        self.loss_mask = loss_mask
+        self.loss_reduction = loss_reduction
+        self.trusted_layers = tuple(trusted_layers)
+        self.sync_batchnorm = sync_batchnorm
+        self.kernels = kernels
+        self.codec = codec
+        self.num_threads = num_threads
+        self.log_communication = log_communication
+        self.engine: Optional[FullGraphEngine] = None
+        self._kernel_handle = None
+
+    # -- environment -----------------------------------------------------------------
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self.root_device.type == "cpu":
+            # Processes on one node share its cores; oversubscription slows every rank.
+            threads = self.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
+            torch.set_num_threads(threads)
+
+    # -- model -------------------------------------------------------------------------
+    def setup(self, trainer) -> None:
+        datamodule = trainer.datamodule
+        partition = getattr(datamodule, "partition", None)
+        if partition is None:
+            raise RuntimeError(
+                "FullGraphStrategy needs its data from FullGraphDataModule: call "
+                "trainer.fit(module, datamodule=FullGraphDataModule(data)); dataloaders "
+                "passed directly would give every rank the whole graph")
+        if partition.num_parts != self.world_size:
+            raise RuntimeError(f"partition has {partition.num_parts} parts but the world size "
+                               f"is {self.world_size}")
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError("full-graph training takes one batch per epoch; "
+                             "accumulate_grad_batches must be 1")
+        if self.log_communication:
+            from ..callbacks import CommunicationMonitor
+            if not any(isinstance(c, CommunicationMonitor) for c in trainer.callbacks):
+                trainer.callbacks.append(CommunicationMonitor())
+        self.engine = FullGraphEngine(partition, codec=self.codec, loss_mask=self.loss_mask)
+        super().setup(trainer)
+
+    def configure_ddp(self) -> None:
+        # Attach instead of wrapping in DistributedDataParallel: gradients are summed by
+        # backward() below, and the forward needs no DDP bookkeeping.
+        self._attach_engine()
+
+    def model_to_device(self) -> None:
+        super().model_to_device()
+        if self.lightning_module is not None and self.lightning_module.trainer is not None \
+                and self.lightning_module.trainer.state.fn != TrainerFn.FITTING:
+            self._attach_engine()  # validate/test/predict run partitioned too
+
+    def _attach_engine(self) -> None:
+        assert self.engine is not None
+        if self.engine._model is not None:
+            return
+        module = self.lightning_module
+        self.engine.attach(module, trusted_layers=self.trusted_layers,
+                           sync_batchnorm=self.sync_batchnorm, broadcast=True)
+        if self.kernels is not None:
+            from .. import kernels
+            self._kernel_handle = kernels.accelerate(module, backend=self.kernels)
+
+    def batch_to_device(self, batch: Any, device: Optional[torch.device] = None,
+                        dataloader_idx: int = 0) -> Any:
+        batch = super().batch_to_device(batch, device, dataloader_idx)
+        if isinstance(batch, BaseData):
+            # Lightning's precision plugins convert tensor collections, not PyG Data.
+            convert = self.precision_plugin.convert_input
+            batch = batch.apply(lambda t: convert(t) if t.is_floating_point() else t)
+        return batch
+
+    # -- training ----------------------------------------------------------------------
+    def backward(self, closure_loss: Tensor, optimizer: Optional[Any], *args: Any,
+                 **kwargs: Any) -> Tensor:
+        assert self.engine is not None
+        scaled = self.engine.scale_loss(closure_loss) if self.loss_reduction == "mean" \
+            else closure_loss
+        super().backward(scaled, optimizer, *args, **kwargs)
+        self.engine.all_reduce_gradients(self.lightning_module.parameters())
+        return closure_loss
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().predict_step(*args, **kwargs)
+        if isinstance(out, Tensor) and self.engine is not None \
+                and out.dim() > 0 and out.size(0) == self.engine.partition.num_owned:
+            return self.engine.gather(out)
+        return out
+
+    def teardown(self) -> None:
+        if self._kernel_handle is not None:
+            self._kernel_handle.revert()
+            self._kernel_handle = None
+        if self.engine is not None:
+            self.engine.detach()
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        if "fullgraph" not in strategy_registry:
+            strategy_registry.register(
+                "fullgraph", cls, description="Partitioned full-graph training (lightning-fullgraph)")
+            strategy_registry.register(
+                "fullgraph_spawn", cls, description="FullGraphStrategy with spawned processes",
+                start_method="spawn")
+
+
+FullGraphStrategy.register_strategies(StrategyRegistry)
