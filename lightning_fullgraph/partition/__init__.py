@@ -1,0 +1,72 @@
+r"""Graph partitioning: METIS parts, per-rank halo plans, on-disk cache.
+
+Typical use (once, on one process or via the CLI)::
+
+    path = partition_graph(data, num_parts=4)          # cached, atomic
+    part = load_partition(path, rank, num_parts=world)  # on every rank
+"""
+from .errors import (
+    EmptyPartitionError,
+    PartitionError,
+    PartitionFormatError,
+    PartitionMismatchError,
+    StalePartitionError,
+)
+from .fingerprint import graph_fingerprint, options_hash
+from .local import (
+    LOCAL_FORMAT_VERSION,
+    LocalPartition,
+    build_local_partitions,
+    iter_local_partitions,
+    split_attr_keys,
+)
+from .metis import combine_constraints, metis_partition, node_weights_for, symmetric_csr
+from .stats import PartitionStats, partition_stats
+from .store import (
+    CACHE_ENV,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    default_cache_root,
+    load_partition,
+    part_file_name,
+    partition_cache_dir,
+    partition_graph,
+    read_manifest,
+    save_partitions,
+)
+
+__all__ = [
+    # errors
+    "PartitionError",
+    "EmptyPartitionError",
+    "PartitionFormatError",
+    "PartitionMismatchError",
+    "StalePartitionError",
+    # METIS
+    "metis_partition",
+    "node_weights_for",
+    "combine_constraints",
+    "symmetric_csr",
+    # per-rank views
+    "LocalPartition",
+    "build_local_partitions",
+    "iter_local_partitions",
+    "split_attr_keys",
+    "LOCAL_FORMAT_VERSION",
+    # stats
+    "PartitionStats",
+    "partition_stats",
+    # storage / cache
+    "graph_fingerprint",
+    "options_hash",
+    "save_partitions",
+    "load_partition",
+    "read_manifest",
+    "partition_cache_dir",
+    "default_cache_root",
+    "partition_graph",
+    "part_file_name",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "CACHE_ENV",
+]

@@ -1,0 +1,263 @@
+"""Graph partitioning with METIS (through :mod:`pymetis`).
+
+METIS needs an undirected simple graph, so the (possibly directed) PyG graph is
+symmetrized and stripped of self-loops and duplicate edges first. Node weights
+model the per-rank work: message passing costs ~ (in-degree + 1) per node and
+the loss only touches training nodes, so both have to be balanced.
+"""
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .errors import EmptyPartitionError
+
+__all__ = [
+    "metis_partition",
+    "node_weights_for",
+    "combine_constraints",
+    "symmetric_csr",
+]
+
+# pymetis (checked with 2025.2) always calls METIS with ncon=1 and silently
+# reads only the first ``num_nodes`` entries of ``vweights``: a vertex-major
+# [N * ncon] weight array is *not* treated as multiple constraints. Its
+# extension module does export the METIS C API though, so for ncon > 1 we call
+# ``METIS_PartGraphKway`` directly through ctypes (real multi-constraint
+# balancing: ~1.04 max/mean for both degree and training nodes on power-law
+# graphs, versus ~1.2-1.4 for a folded single weight). If the symbol is not
+# available we fall back to :func:`combine_constraints`.
+_METIS_OK = 1
+_METIS_NOPTIONS = 40
+
+
+def _metis_kway_ctypes():
+    r"""Returns ``(METIS_PartGraphKway, METIS_SetDefaultOptions, idx dtype)`` from
+    pymetis' extension module, or :obj:`None` if unavailable."""
+    try:
+        import ctypes
+
+        import pymetis
+        from pymetis import _internal
+
+        lib = ctypes.CDLL(_internal.__file__)
+        kway, defaults = lib.METIS_PartGraphKway, lib.METIS_SetDefaultOptions
+        dtype = pymetis.zero_copy_dtype()
+    except (ImportError, OSError, AttributeError, ValueError):
+        return None
+    ptr = ctypes.POINTER(ctypes.c_int64 if dtype == np.int64 else ctypes.c_int32)
+    # (nvtxs, ncon, xadj, adjncy, vwgt, vsize, adjwgt, nparts, tpwgts, ubvec,
+    #  options, objval, part); real_t arrays are passed as NULL (METIS defaults).
+    kway.argtypes = [ptr] * 8 + [ctypes.c_void_p] * 2 + [ptr] * 3
+    kway.restype = ctypes.c_int
+    defaults.argtypes = [ptr]
+    defaults.restype = ctypes.c_int
+    return kway, defaults, dtype, ptr
+
+
+def _part_graph_multi(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray,
+                      num_parts: int, seed: int, ufactor: Optional[int]) -> Optional[np.ndarray]:
+    r"""Multi-constraint k-way METIS; :obj:`None` if the C API is unreachable."""
+    api = _metis_kway_ctypes()
+    if api is None:
+        return None
+    kway, defaults, dtype, ptr = api
+    from pymetis._internal import options_indices
+
+    def arr(a):
+        return np.ascontiguousarray(a, dtype=dtype)
+
+    n, ncon = vweights.shape
+    options = np.zeros(2 * _METIS_NOPTIONS, dtype=dtype)  # slack: NOPTIONS may grow
+    defaults(options.ctypes.data_as(ptr))
+    options[options_indices.SEED] = seed
+    if ufactor is not None:
+        options[options_indices.UFACTOR] = ufactor
+    xadj, adjncy, vwgt = arr(xadj), arr(adjncy), arr(vweights.reshape(-1))
+    nvtxs, ncon_, nparts = arr([n]), arr([ncon]), arr([num_parts])
+    objval, part = np.zeros(1, dtype=dtype), np.zeros(n, dtype=dtype)
+    p = [a.ctypes.data_as(ptr) for a in (nvtxs, ncon_, xadj, adjncy, vwgt)]
+    status = kway(*p, None, None, nparts.ctypes.data_as(ptr), None, None,
+                  options.ctypes.data_as(ptr), objval.ctypes.data_as(ptr),
+                  part.ctypes.data_as(ptr))
+    if status != _METIS_OK:
+        raise RuntimeError(f"METIS_PartGraphKway failed with status {status} "
+                           f"({n} nodes, {ncon} constraints, {num_parts} parts)")
+    return part.astype(np.int64, copy=False)
+
+
+def _check_num_parts(num_parts: int, num_nodes: int) -> None:
+    if not isinstance(num_parts, (int, np.integer)) or isinstance(num_parts, bool):
+        raise TypeError(f"num_parts must be an int (got {type(num_parts).__name__})")
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be at least 1 (got {num_parts})")
+    if num_parts > num_nodes:
+        raise ValueError(
+            f"cannot split {num_nodes} nodes into {num_parts} parts; use at most "
+            f"{max(num_nodes, 1)} parts")
+
+
+def symmetric_csr(edge_index: Tensor, num_nodes: int) -> Tuple[np.ndarray, np.ndarray]:
+    r"""Builds the CSR adjacency of the symmetrized simple graph.
+
+    Both directions of every edge are included, self-loops and duplicates are
+    dropped, neighbours are sorted ascending.
+
+    Args:
+        edge_index (torch.Tensor): Edge indices, shape :math:`[2, E]`.
+        num_nodes (int): Number of nodes :math:`N`.
+
+    Returns:
+        (numpy.ndarray, numpy.ndarray): ``xadj`` of shape :math:`[N + 1]` and
+        ``adjncy`` of shape :math:`[2 E']` (int64, the METIS index width).
+    """
+    ei = edge_index.detach().cpu().to(torch.int64)
+    src, dst = ei[0], ei[1]
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    # One int64 key per directed pair; a sorted unique both dedups and orders by
+    # (row, col), which is exactly CSR order. torch.unique (sort based) is used
+    # because numpy>=2.3's hash-based np.unique is ~30x slower on 10^7 keys.
+    keys = torch.cat([src * num_nodes + dst, dst * num_nodes + src])
+    del src, dst, keep
+    keys = torch.unique(keys, sorted=True)
+    rows = torch.div(keys, num_nodes, rounding_mode="floor")
+    adjncy = (keys - rows * num_nodes).numpy()
+    del keys
+    xadj = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(torch.bincount(rows, minlength=num_nodes).numpy(), out=xadj[1:])
+    return xadj, adjncy.astype(np.int64, copy=False)
+
+
+def combine_constraints(weights: Tensor) -> Tensor:
+    r"""Folds a multi-constraint weight matrix into one integer weight per node.
+
+    Fallback for when METIS' multi-constraint API is unreachable: every column
+    is rescaled so that its total equals the total of the first column, then
+    the columns are summed. Balancing the sum keeps each
+    constraint within roughly ``ncon`` times the METIS tolerance of its mean in
+    practice (not guaranteed). Columns that are all zero are ignored.
+
+    Args:
+        weights (torch.Tensor): Non-negative weights, shape :math:`[N, C]`.
+
+    Returns:
+        torch.Tensor: Positive int64 weights, shape :math:`[N]`.
+    """
+    w = weights.detach().to(torch.float64).reshape(weights.size(0), -1)
+    totals = w.sum(dim=0)
+    target = float(totals[0]) if float(totals[0]) > 0 else float(w.size(0))
+    scale = torch.where(totals > 0, target / totals.clamp(min=1e-300),
+                        torch.zeros_like(totals))
+    out = torch.round((w * scale).sum(dim=1)).to(torch.int64)
+    return out.clamp_(min=1)  # METIS vertices need positive weight here
+
+
+def node_weights_for(data, *, train_key: Optional[str] = "train_mask",
+                     degree: bool = True) -> Tensor:
+    r"""Default METIS node weights for a PyG graph.
+
+    Column 0 is the compute cost ``in_degree + 1`` (one aggregation per in-edge
+    plus the node update); column 1, present when :obj:`train_key` exists, is
+    ``1`` for training nodes so that every rank gets a similar share of the
+    loss.
+
+    Args:
+        data (torch_geometric.data.Data): The graph.
+        train_key (str, optional): Name of the training mask, or :obj:`None`.
+        degree (bool): Use ``in_degree + 1`` (:obj:`True`) or ``1``.
+
+    Returns:
+        torch.Tensor: int64 weights of shape :math:`[N, C]` with
+        :math:`C \in \{1, 2\}`.
+    """
+    num_nodes = int(data.num_nodes)
+    if degree:
+        dst = data.edge_index[1].detach().cpu()
+        compute = torch.bincount(dst, minlength=num_nodes) + 1
+    else:
+        compute = torch.ones(num_nodes, dtype=torch.long)
+    cols = [compute.to(torch.long)]
+    mask = getattr(data, train_key, None) if train_key else None
+    if isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.size(0) == num_nodes:
+        cols.append(mask.reshape(num_nodes, -1).any(dim=1).to(torch.long))
+    return torch.stack(cols, dim=1)
+
+
+def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int, *,
+                    node_weights: Optional[Tensor] = None, seed: int = 0,
+                    ufactor: Optional[int] = None) -> Tensor:
+    r"""Assigns every node to one of :obj:`num_parts` parts with METIS k-way.
+
+    Args:
+        edge_index (torch.Tensor): Edge indices, shape :math:`[2, E]`; the
+            graph may be directed and have self-loops or duplicate edges.
+        num_nodes (int): Number of nodes :math:`N`.
+        num_parts (int): Number of parts :math:`P` (``1 <= P <= N``).
+        node_weights (torch.Tensor, optional): Node weights of shape
+            :math:`[N]` or :math:`[N, C]` (one column per balance constraint,
+            e.g. from :func:`node_weights_for`). Several columns are
+            balanced simultaneously (METIS multi-constraint k-way); all-zero
+            columns are ignored. (default: :obj:`None`, unit weights)
+        seed (int): METIS random seed; equal inputs and seeds give equal parts.
+        ufactor (int, optional): Allowed imbalance in 1/1000 (METIS default 30).
+
+    Returns:
+        torch.Tensor: Part id per node, int64 of shape :math:`[N]`.
+
+    Raises:
+        ValueError: If :obj:`num_parts` is out of range.
+        EmptyPartitionError: If METIS leaves a part without nodes.
+    """
+    num_nodes = int(num_nodes)
+    _check_num_parts(num_parts, num_nodes)
+    num_parts = int(num_parts)
+    if num_parts == 1:  # nothing to decide; METIS itself misbehaves for P=1
+        return torch.zeros(num_nodes, dtype=torch.long)
+
+    import pymetis  # local import: only needed when actually partitioning
+
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"edge_index must have shape [2, E] (got {tuple(edge_index.shape)})")
+    # Out-of-range ids would corrupt the CSR handed to C code: check up front.
+    if edge_index.numel() > 0 and (int(edge_index.min()) < 0
+                                   or int(edge_index.max()) >= num_nodes):
+        raise ValueError(f"edge_index contains node ids outside [0, {num_nodes})")
+    xadj, adjncy = symmetric_csr(edge_index, num_nodes)
+    w = None
+    if node_weights is not None:
+        w = node_weights.detach().cpu().to(torch.int64)
+        if w.size(0) != num_nodes:
+            raise ValueError(f"node_weights has {w.size(0)} rows but the graph has "
+                             f"{num_nodes} nodes")
+        if bool((w < 0).any()):
+            raise ValueError("node_weights must be non-negative")
+        w = w.reshape(num_nodes, -1)
+        # A constraint without weight (e.g. no training nodes) cannot be
+        # balanced and makes METIS divide by zero: drop it.
+        w = w[:, w.sum(dim=0) > 0]
+        if w.size(1) == 0:
+            w = None
+    membership = None
+    if w is not None and w.size(1) > 1:
+        membership = _part_graph_multi(xadj, adjncy, w.numpy(), num_parts,
+                                       int(seed), ufactor)
+        if membership is None:
+            w = combine_constraints(w).view(-1, 1)
+    if membership is None:
+        options = pymetis.Options(seed=int(seed))
+        if ufactor is not None:
+            options.ufactor = int(ufactor)
+        # recursive=False: k-way gives lower cuts/halos for P > 2 (pymetis
+        # defaults to recursive bisection for P <= 8).
+        _, membership = pymetis.part_graph(
+            num_parts, pymetis.CSRAdjacency(xadj, adjncy),
+            vweights=None if w is None else w.view(-1).numpy(),
+            options=options, recursive=False)
+    parts = torch.from_numpy(np.asarray(membership, dtype=np.int64))
+    sizes = torch.bincount(parts, minlength=num_parts)
+    empty = (sizes == 0).nonzero().flatten()
+    if empty.numel() > 0:
+        raise EmptyPartitionError(int(empty[0]), num_parts, num_nodes)
+    return parts

@@ -1,0 +1,341 @@
+"""Versioned on-disk partitions and the partition cache.
+
+Layout of one partition directory::
+
+    manifest.json        {format_version, num_parts, fingerprint, options,
+                          files: {name: sha256}, stats}
+    part-0-of-4.pt       torch.save(LocalPartition.to_dict())
+    ...
+
+The manifest is written last and directories are published with an atomic
+``rename``, so a reader either sees a complete partition or none at all.
+"""
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional, Union
+
+import torch
+
+from .errors import PartitionFormatError, PartitionMismatchError, StalePartitionError
+from .fingerprint import graph_fingerprint, options_hash
+from .local import LocalPartition, iter_local_partitions
+from .metis import _check_num_parts, metis_partition, node_weights_for
+from .stats import PartitionStats, partition_stats
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "CACHE_ENV",
+    "part_file_name",
+    "default_cache_root",
+    "partition_cache_dir",
+    "save_partitions",
+    "read_manifest",
+    "load_partition",
+    "partition_graph",
+    "graph_fingerprint",
+]
+
+log = logging.getLogger(__name__)
+
+#: On-disk format version; readers refuse other versions.
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+#: Environment variable overriding the default cache root.
+CACHE_ENV = "LIGHTNING_FULLGRAPH_CACHE"
+
+PathLike = Union[str, os.PathLike]
+
+
+def part_file_name(rank: int, num_parts: int) -> str:
+    r"""File name of rank :obj:`rank`'s partition, e.g. ``part-0-of-4.pt``."""
+    return f"part-{int(rank)}-of-{int(num_parts)}.pt"
+
+
+def default_cache_root() -> Path:
+    r"""``$LIGHTNING_FULLGRAPH_CACHE`` or ``~/.cache/lightning_fullgraph/partitions``."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "lightning_fullgraph" / "partitions"
+
+
+def partition_cache_dir(root: Optional[PathLike], fingerprint: str, num_parts: int,
+                        options: Dict[str, Any]) -> Path:
+    r"""Cache directory of one (graph, world size, options) combination.
+
+    Args:
+        root (str or Path, optional): Cache root (default
+            :func:`default_cache_root`).
+        fingerprint (str): Graph fingerprint (:func:`graph_fingerprint`).
+        num_parts (int): Number of parts.
+        options (Dict[str, Any]): JSON-able partitioning options.
+
+    Returns:
+        Path: ``root / "<fingerprint[:16]>-p<P>-<options hash[:12]>"``.
+    """
+    root = default_cache_root() if root is None else Path(root).expanduser()
+    return root / f"{fingerprint[:16]}-p{int(num_parts)}-{options_hash(options)[:12]}"
+
+
+def _atomic_write_bytes(path: Path, blob: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_partitions(directory: PathLike, parts: Iterable[LocalPartition],
+                    stats: Optional[PartitionStats] = None, *,
+                    options: Optional[Dict[str, Any]] = None) -> Path:
+    r"""Writes all ranks' partitions plus ``manifest.json`` to :obj:`directory`.
+
+    Args:
+        directory (str or Path): Target directory (created if needed).
+        parts (Iterable[LocalPartition]): One partition per rank; may be a
+            generator (e.g. :func:`iter_local_partitions`) so that only one
+            rank is in memory at a time.
+        stats (PartitionStats, optional): Stored in the manifest.
+        options (Dict[str, Any], optional): Options for the manifest (default:
+            those of the first partition).
+
+    Returns:
+        Path: :obj:`directory`.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    files: Dict[str, str] = {}
+    num_parts, fingerprint, ranks = None, None, []
+    for part in parts:
+        if num_parts is None:
+            num_parts, fingerprint = part.num_parts, part.fingerprint
+            options = dict(part.options) if options is None else options
+        elif part.num_parts != num_parts or part.fingerprint != fingerprint:
+            raise ValueError("all partitions must share num_parts and fingerprint")
+        buf = io.BytesIO()
+        torch.save(part.to_dict(), buf)
+        blob = buf.getvalue()
+        name = part_file_name(part.rank, part.num_parts)
+        _atomic_write_bytes(directory / name, blob)
+        files[name] = hashlib.sha256(blob).hexdigest()
+        ranks.append(part.rank)
+        del buf, blob
+    if num_parts is None:
+        raise ValueError("save_partitions got no partitions")
+    if sorted(ranks) != list(range(num_parts)):
+        raise ValueError(f"expected ranks 0..{num_parts - 1}, got {sorted(ranks)}")
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "num_parts": int(num_parts),
+        "fingerprint": fingerprint,
+        "options": options or {},
+        "files": files,
+        "stats": stats.to_dict() if stats is not None else None,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    # Written last: a directory without manifest is never considered valid.
+    _atomic_write_bytes(directory / MANIFEST_NAME,
+                        json.dumps(manifest, indent=1).encode())
+    return directory
+
+
+def read_manifest(directory: PathLike) -> Dict[str, Any]:
+    r"""Reads and checks ``manifest.json`` of a partition directory.
+
+    Raises:
+        PartitionFormatError: If the manifest is missing, unreadable, has
+            another format version or lacks required keys.
+    """
+    path = Path(directory) / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PartitionFormatError(
+            f"no partition manifest {path}; partition the graph first "
+            f"(or the directory is incomplete)") from None
+    except (OSError, ValueError) as e:
+        raise PartitionFormatError(f"partition manifest {path} is unreadable: {e}") from e
+    if not isinstance(manifest, dict):
+        raise PartitionFormatError(f"partition manifest {path} is not a JSON object")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PartitionFormatError(
+            f"partition manifest {path} has format version {version!r} but this "
+            f"library reads version {FORMAT_VERSION}; re-partition the graph")
+    for key in ("num_parts", "fingerprint", "files"):
+        if key not in manifest:
+            raise PartitionFormatError(f"partition manifest {path} lacks '{key}'")
+    return manifest
+
+
+def load_partition(directory: PathLike, rank: int, *, num_parts: Optional[int] = None,
+                   fingerprint: Optional[str] = None) -> LocalPartition:
+    r"""Loads one rank's partition, verifying it against the manifest.
+
+    Args:
+        directory (str or Path): Partition directory.
+        rank (int): Rank to load.
+        num_parts (int, optional): Expected number of parts (the world size).
+        fingerprint (str, optional): Expected graph fingerprint.
+
+    Returns:
+        LocalPartition
+
+    Raises:
+        PartitionMismatchError: If the partition was made for another world size.
+        StalePartitionError: If it was made for a different graph.
+        PartitionFormatError: If the manifest or the rank's file is missing,
+            truncated, corrupted or of another format version.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    P = int(manifest["num_parts"])
+    if num_parts is not None and int(num_parts) != P:
+        raise PartitionMismatchError(
+            f"partition in {directory} was made for {P} parts but the world size is "
+            f"{int(num_parts)}; re-partition with --parts {int(num_parts)}")
+    if fingerprint is not None and fingerprint != manifest["fingerprint"]:
+        raise StalePartitionError(
+            f"partitions in {directory} were made for a different graph (fingerprint "
+            f"{str(manifest['fingerprint'])[:12]} != {fingerprint[:12]}); delete the "
+            f"directory or use a new cache dir")
+    if not 0 <= int(rank) < P:
+        raise ValueError(f"rank {rank} out of range for a partition into {P} parts")
+    name = part_file_name(rank, P)
+    path = directory / name
+    expected = manifest["files"].get(name)
+    if expected is None:
+        raise PartitionFormatError(f"partition manifest in {directory} does not list {name}")
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        raise PartitionFormatError(f"partition file {path} is missing") from None
+    # Hash the very bytes we deserialize: catches truncation and bit rot.
+    if hashlib.sha256(blob).hexdigest() != expected:
+        raise PartitionFormatError(
+            f"partition file {path} is corrupted or truncated (sha256 does not match "
+            f"the manifest); delete {directory} and re-partition")
+    try:
+        state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+        part = LocalPartition.from_dict(state)
+    except Exception as e:  # any unpickling problem is a format problem
+        raise PartitionFormatError(f"partition file {path} could not be read: {e}") from e
+    if part.rank != int(rank) or part.num_parts != P:
+        raise PartitionFormatError(
+            f"partition file {path} holds rank {part.rank} of {part.num_parts}, "
+            f"expected rank {rank} of {P}")
+    return part
+
+
+def _is_complete(directory: Path, num_parts: int, fingerprint: str) -> bool:
+    try:
+        manifest = read_manifest(directory)
+    except PartitionFormatError:
+        return False
+    if manifest["num_parts"] != num_parts or manifest["fingerprint"] != fingerprint:
+        return False
+    names = {part_file_name(r, num_parts) for r in range(num_parts)}
+    return names <= set(manifest["files"]) and all((directory / n).is_file() for n in names)
+
+
+def _publish(tmp: Path, target: Path, force: bool, num_parts: int, fingerprint: str) -> None:
+    r"""Moves the finished ``tmp`` directory to ``target`` atomically."""
+    try:
+        os.rename(tmp, target)
+        return
+    except OSError:
+        pass  # target exists (stale, incomplete, forced, or a concurrent writer won)
+    if not force and _is_complete(target, num_parts, fingerprint):
+        shutil.rmtree(tmp, ignore_errors=True)  # identical content already published
+        return
+    trash = target.with_name(f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.rename(target, trash)
+    os.rename(tmp, target)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
+                    seed: int = 0, force: bool = False, progress: bool = True,
+                    ufactor: Optional[int] = None,
+                    train_key: Optional[str] = "train_mask") -> Path:
+    r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to disk.
+
+    Runs :func:`metis_partition` with :func:`node_weights_for` weights, builds
+    every rank with :func:`iter_local_partitions` (one rank in memory at a
+    time), and publishes the directory atomically. If a complete partition for
+    the same graph, world size and options already exists it is reused.
+
+    Args:
+        data (torch_geometric.data.Data): The global graph.
+        num_parts (int): Number of parts (the training world size).
+        root (str or Path, optional): Cache root (default
+            :func:`default_cache_root`).
+        seed (int): METIS seed.
+        force (bool): Re-partition even if a cached partition exists.
+        progress (bool): Print timings and the :class:`PartitionStats` table.
+        ufactor (int, optional): METIS imbalance tolerance in 1/1000.
+        train_key (str, optional): Training mask balanced across ranks.
+
+    Returns:
+        Path: The partition directory (pass it to :func:`load_partition`).
+    """
+    t0 = time.perf_counter()
+    edge_index = getattr(data, "edge_index", None)
+    if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 \
+            or edge_index.size(0) != 2:
+        raise ValueError("data.edge_index must be a tensor of shape [2, num_edges]")
+    num_nodes = int(data.num_nodes)
+    _check_num_parts(num_parts, num_nodes)
+    options = {
+        "method": "metis-kway",
+        "seed": int(seed),
+        "ufactor": ufactor,
+        "weights": "in_degree+1" + (f", {train_key}" if train_key else ""),
+        "format_version": FORMAT_VERSION,
+    }
+    fingerprint = graph_fingerprint(data)
+    directory = partition_cache_dir(root, fingerprint, num_parts, options)
+    say = print if progress else (lambda *a, **k: None)
+    if not force and _is_complete(directory, num_parts, fingerprint):
+        log.info("reusing partition %s", directory)
+        say(f"[partition] reusing cached partition {directory}")
+        return directory
+
+    weights = node_weights_for(data, train_key=train_key)
+    t1 = time.perf_counter()
+    parts = metis_partition(edge_index, num_nodes, num_parts, node_weights=weights,
+                            seed=seed, ufactor=ufactor)
+    t2 = time.perf_counter()
+    say(f"[partition] METIS {num_nodes:,} nodes / {edge_index.size(1):,} edges into "
+        f"{num_parts} parts: {t2 - t1:.1f}s")
+    train_mask = getattr(data, train_key, None) if train_key else None
+    if not (isinstance(train_mask, torch.Tensor) and train_mask.dtype == torch.bool
+            and train_mask.size(0) == num_nodes):
+        train_mask = None
+    stats = partition_stats(parts, edge_index, train_mask=train_mask, num_parts=num_parts)
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        save_partitions(tmp, iter_local_partitions(data, parts, num_parts=num_parts,
+                                                   fingerprint=fingerprint,
+                                                   options=options),
+                        stats, options=options)
+        _publish(tmp, directory, force, num_parts, fingerprint)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    t3 = time.perf_counter()
+    log.info("partitioned into %s (%.1fs)\n%s", directory, t3 - t0, stats.format_table())
+    say(f"[partition] build+write {t3 - t2:.1f}s, total {t3 - t0:.1f}s -> {directory}")
+    say(stats.format_table())
+    return directory
