@@ -1,0 +1,209 @@
+"""``lightning-fullgraph``: partition a graph, train on it, inspect the result.
+
+Run ``lightning-fullgraph --help`` or ``lightning-fullgraph COMMAND --help``.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from typing import List, Optional
+
+__all__ = ["main", "build_parser"]
+
+_EPILOG = """examples:
+  lightning-fullgraph train                              # GCN on Cora, 4 processes
+  lightning-fullgraph train --devices 1 --strategy pyg   # the same on one process, plain PyG
+  lightning-fullgraph train --dataset synthetic:nodes=200000,degree=10 --model sage --json
+  lightning-fullgraph partition --dataset cora --parts 4 --out parts/cora-4
+  lightning-fullgraph train --dataset parts/cora-4 --devices 4
+
+datasets: 'cora' (embedded), 'synthetic:nodes=N,degree=D,features=F,classes=C,seed=S',
+or a partition directory written by 'partition'."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-fullgraph",
+        description="Partitioned full-graph GNN training for PyTorch Geometric models "
+                    "under PyTorch Lightning.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("partition", help="partition a graph with METIS and write per-rank files",
+                       description="Partition a graph into per-rank files (owned nodes, local "
+                                   "graph with halo, exchange plan) and print statistics.")
+    p.add_argument("--dataset", default="cora", help="dataset name or spec (default: cora)")
+    p.add_argument("--parts", type=int, default=4, help="number of parts = training processes")
+    p.add_argument("--out", default=None,
+                   help="directory to write (default: the partition cache)")
+    p.add_argument("--cache-dir", default=None, help="partition cache root")
+    p.add_argument("--seed", type=int, default=0, help="METIS seed")
+    p.add_argument("--force", action="store_true", help="re-partition even if cached")
+    p.add_argument("--json", action="store_true", help="print statistics as JSON")
+
+    t = sub.add_parser("train", help="train a PyG model full-graph on several processes",
+                       description="Train a PyG BasicGNN model (GCN, GraphSAGE, GAT, GIN) for "
+                                   "node classification with FullGraphStrategy and report "
+                                   "accuracy and communication.")
+    t.add_argument("--dataset", default="cora", help="dataset name, spec or partition dir")
+    t.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gin"])
+    t.add_argument("--devices", type=int, default=4, help="processes (default: 4)")
+    t.add_argument("--num-nodes", type=int, default=1, help="machines (multi-node)")
+    t.add_argument("--strategy", default="fullgraph", choices=["fullgraph", "pyg"],
+                   help="'fullgraph' (partitioned) or 'pyg' (PyG's LightningNodeData on "
+                        "one process, for comparison)")
+    t.add_argument("--epochs", type=int, default=200)
+    t.add_argument("--hidden", type=int, default=16, help="hidden channels")
+    t.add_argument("--layers", type=int, default=2, help="message-passing layers")
+    t.add_argument("--dropout", type=float, default=0.5)
+    t.add_argument("--lr", type=float, default=0.01)
+    t.add_argument("--weight-decay", type=float, default=5e-4)
+    t.add_argument("--norm", default=None, help="normalization between layers, e.g. batch_norm")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--kernels", default="auto", choices=["auto", "cpp", "triton", "torch", "pyg"],
+                   help="aggregation backend ('pyg': PyG's own scatter path)")
+    t.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds before ranks give up on a dead peer")
+    t.add_argument("--cache-dir", default=None, help="partition cache root")
+    t.add_argument("--accelerator", default="cpu")
+    t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
+    return parser
+
+
+def _partition(args) -> int:
+    from .data import load_dataset
+    from .partition import partition_graph, read_manifest
+    data = load_dataset(args.dataset)
+    root = args.cache_dir
+    path = partition_graph(data, args.parts, root=root, seed=args.seed, force=args.force,
+                           progress=not args.json)
+    if args.out:
+        import shutil
+        out = os.path.abspath(args.out)
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        shutil.copytree(path, out)
+        path = out
+    manifest = read_manifest(path)
+    if args.json:
+        print(json.dumps({"directory": str(path), "num_parts": manifest["num_parts"],
+                          "fingerprint": manifest["fingerprint"],
+                          "stats": manifest.get("stats")}, indent=2))
+    else:
+        print(f"partitions written to {path}")
+    return 0
+
+
+def _train(args) -> int:
+    import lightning.pytorch as pl
+
+    from . import CommunicationMonitor, FullGraphDataModule, FullGraphStrategy
+    from .data import load_dataset
+    from .module import NodeClassifier, build_model
+
+    pl.seed_everything(args.seed, verbose=False)
+    is_dir = os.path.isdir(args.dataset)
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
+    if args.strategy == "pyg":
+        from torch_geometric.data.lightning import LightningNodeData
+        data = load_dataset(args.dataset)
+        datamodule = LightningNodeData(data, loader="full")
+        num_features, num_classes = data.num_features, int(data.y.max()) + 1
+        strategy, devices, callbacks = "auto", 1, []
+        if args.devices != 1:
+            print("note: --strategy pyg runs on one process", file=sys.stderr)
+    else:
+        if is_dir:
+            from .partition import load_partition, read_manifest
+            manifest = read_manifest(args.dataset)
+            probe = load_partition(args.dataset, 0)
+            num_features = int(probe.node_attrs["x"].size(-1))
+            num_classes = int(manifest.get("num_classes") or 0) or _num_classes(probe)
+            datamodule = FullGraphDataModule(args.dataset)
+        else:
+            data = load_dataset(args.dataset)
+            num_features, num_classes = data.num_features, int(data.y.max()) + 1
+            datamodule = FullGraphDataModule(data, cache_dir=args.cache_dir, seed=args.seed,
+                                             num_classes=num_classes)
+        kernels = None if args.kernels == "pyg" else args.kernels
+        strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout)
+        devices, callbacks = args.devices, [CommunicationMonitor()]
+
+    model = build_model(args.model, num_features, args.hidden, num_classes,
+                        num_layers=args.layers, dropout=args.dropout, norm=args.norm)
+    module = NodeClassifier(model, num_classes, lr=args.lr, weight_decay=args.weight_decay,
+                            input_dropout=args.dropout)
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=devices,
+                         num_nodes=args.num_nodes, strategy=strategy,
+                         max_epochs=args.epochs, logger=False, enable_checkpointing=False,
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         check_val_every_n_epoch=max(1, args.epochs // 20),
+                         enable_progress_bar=not (args.no_progress or args.json),
+                         callbacks=callbacks)
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule)
+    fit_seconds = time.perf_counter() - start
+    comm = dict(callbacks[0].last) if callbacks else {}
+    val_acc = float(trainer.callback_metrics.get("val_acc", float("nan")))
+    test = trainer.test(module, datamodule=datamodule, verbose=False)
+    summary = {
+        "dataset": args.dataset, "model": args.model, "strategy": args.strategy,
+        "processes": trainer.world_size, "epochs": args.epochs, "seed": args.seed,
+        "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
+        "fit_seconds": round(fit_seconds, 3),
+        "epoch_seconds": round(fit_seconds / max(1, args.epochs), 5),
+        "comm_MB_per_epoch_per_rank": comm.get("comm/sent_MB"),
+        "comm_MB_per_epoch_max_rank": comm.get("comm/sent_MB_max"),
+        "exchange_s_per_epoch": comm.get("comm/exchange_s"),
+        "compute_s_per_epoch": comm.get("comm/compute_s"),
+    }
+    if trainer.global_rank == 0 and rank == 0:
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            _print_summary(summary)
+    return 0
+
+
+def _num_classes(partition) -> int:
+    import torch
+    y = partition.node_attrs["y"]
+    local_max = torch.tensor(int(y.max()) + 1)
+    return int(local_max)
+
+
+def _print_summary(s: dict) -> None:
+    def fmt(v, unit=""):
+        return "n/a" if v is None else (f"{v:.4f}{unit}" if isinstance(v, float) else f"{v}{unit}")
+    print()
+    print(f"== {s['model'].upper()} on {s['dataset']}: {s['processes']} process(es), "
+          f"{s['epochs']} epochs, strategy {s['strategy']} ==")
+    print(f"test accuracy        {s['test_acc'] * 100:.2f} %")
+    print(f"val accuracy         {s['val_acc'] * 100:.2f} %")
+    print(f"training time        {s['fit_seconds']:.1f} s ({s['epoch_seconds'] * 1000:.1f} ms/epoch)")
+    if s["comm_MB_per_epoch_per_rank"] is not None:
+        print(f"halo traffic         {fmt(s['comm_MB_per_epoch_per_rank'], ' MB')} sent per rank "
+              f"per epoch (max rank {fmt(s['comm_MB_per_epoch_max_rank'], ' MB')})")
+        print(f"exchange / compute   {fmt(s['exchange_s_per_epoch'], ' s')} / "
+              f"{fmt(s['compute_s_per_epoch'], ' s')} per epoch (last epoch, mean over ranks)")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return {"partition": _partition, "train": _train}[args.command](args)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        if os.environ.get("LIGHTNING_FULLGRAPH_DEBUG"):
+            raise
+        print(f"lightning-fullgraph {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

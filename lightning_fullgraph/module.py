@@ -1,0 +1,91 @@
+"""A node-classification LightningModule written for one device.
+
+Nothing in it knows about partitions: it is what a PyG user writes for
+``LightningNodeData(loader="full")``, and the CLI, the examples and the tests
+train it unchanged on one process or under :class:`FullGraphStrategy`.
+"""
+from typing import Optional
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
+
+__all__ = ["MODELS", "build_model", "NodeClassifier"]
+
+#: Model names accepted by :func:`build_model` and the CLI.
+MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
+
+
+def build_model(name: str, in_channels: int, hidden_channels: int, out_channels: int,
+                num_layers: int = 2, dropout: float = 0.5, norm: Optional[str] = None,
+                heads: int = 2) -> torch.nn.Module:
+    r"""Builds one of PyG's :class:`~torch_geometric.nn.models.BasicGNN` models.
+
+    Args:
+        name (str): ``"gcn"``, ``"sage"``, ``"gat"`` or ``"gin"``.
+        in_channels (int): Input features.
+        hidden_channels (int): Hidden features.
+        out_channels (int): Classes.
+        num_layers (int): Message-passing layers.
+        dropout (float): Dropout between layers.
+        norm (str, optional): Normalization between layers (e.g. ``"batch_norm"``).
+        heads (int): Attention heads (``"gat"`` only).
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model '{name}'; choose from {sorted(MODELS)}")
+    kwargs = dict(heads=heads) if name == "gat" else {}
+    return MODELS[name](in_channels, hidden_channels, num_layers, out_channels,
+                        dropout=dropout, norm=norm, **kwargs)
+
+
+class NodeClassifier(pl.LightningModule):
+    r"""Full-batch node classification with cross-entropy on ``train_mask``.
+
+    Args:
+        model (torch.nn.Module): A PyG model called as ``model(x, edge_index)``.
+        num_classes (int): Number of classes.
+        lr (float): Adam learning rate.
+        weight_decay (float): Adam weight decay.
+        input_dropout (float): Dropout on the input features (Kipf & Welling).
+    """
+
+    def __init__(self, model: torch.nn.Module, num_classes: int, lr: float = 0.01,
+                 weight_decay: float = 5e-4, input_dropout: float = 0.5) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["model"])
+        self.model = model
+        metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
+        self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
+
+    def forward(self, x, edge_index):
+        x = F.dropout(x, self.hparams.input_dropout, self.training)
+        return self.model(x, edge_index)
+
+    def training_step(self, batch, _):
+        out = self(batch.x, batch.edge_index)
+        loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
+        self.train_acc(out[batch.train_mask].argmax(-1), batch.y[batch.train_mask])
+        self.log("train_loss", loss, prog_bar=True, batch_size=1)
+        self.log("train_acc", self.train_acc, batch_size=1)
+        return loss
+
+    def _evaluate(self, batch, mask_name: str, metric, name: str) -> None:
+        mask = batch[mask_name]
+        out = self(batch.x, batch.edge_index)
+        metric(out[mask].argmax(-1), batch.y[mask])
+        self.log(name, metric, prog_bar=True, batch_size=1)
+
+    def validation_step(self, batch, _):
+        self._evaluate(batch, "val_mask", self.val_acc, "val_acc")
+
+    def test_step(self, batch, _):
+        self._evaluate(batch, "test_mask", self.test_acc, "test_acc")
+
+    def predict_step(self, batch, _):
+        return self(batch.x, batch.edge_index).argmax(-1)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr,
+                                weight_decay=self.hparams.weight_decay)
