@@ -1,0 +1,479 @@
+"""Up-front checks of a node-classification graph before it is partitioned.
+
+Errors (:class:`GraphValidationError`) are inputs the engine cannot train on
+correctly; every message names the problem, where it first occurs and a fix.
+Warnings (:class:`GraphWarning`) are inputs PyG itself accepts and that the
+partitioned engine reproduces exactly (directed graphs, self-loops, duplicate
+edges, isolated nodes, overlapping masks); each is emitted once per call and
+becomes an error with :obj:`strict=True`.
+
+Label convention: class labels are integers in ``[0, num_classes)``; ``-1``
+marks an *unlabelled* node and is allowed only on nodes outside
+:obj:`train_mask`, :obj:`val_mask` and :obj:`test_mask` (as in OGB-style
+data sets), because such a node never enters a loss or a metric. Any other
+negative label is an error.
+
+All checks are vectorised (one sort of the edge keys, bincounts), so a graph
+with tens of millions of edges validates in seconds.
+"""
+from __future__ import annotations
+
+import operator
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+__all__ = [
+    "GraphValidationError",
+    "GraphWarning",
+    "GraphReport",
+    "validate_graph",
+    "check_num_parts",
+]
+
+_MASKS = ("train_mask", "val_mask", "test_mask")
+
+
+class GraphValidationError(ValueError):
+    r"""Raised when a graph cannot be trained on as given. The message names
+    the problem, its first occurrence and how to fix it."""
+
+
+class GraphWarning(UserWarning):
+    r"""Emitted for graph properties that PyG accepts and that the engine
+    handles exactly like single-process PyG, but that are often unintended.
+    :obj:`validate_graph(..., strict=True)` turns them into
+    :class:`GraphValidationError`."""
+
+
+@dataclass(frozen=True)
+class GraphReport:
+    r"""Summary counts of a validated graph, returned by
+    :func:`validate_graph`.
+
+    Args:
+        num_nodes (int): Number of nodes.
+        num_edges (int): Number of (directed) columns of :obj:`edge_index`.
+        num_features (int): Feature dimension of :obj:`x`.
+        num_classes (int, optional): Number of classes (given or inferred as
+            ``y.max() + 1``); :obj:`None` for floating-point targets.
+        is_directed (bool): Whether some edge lacks its reverse.
+        num_edges_without_reverse (int): Distinct edges whose reverse is
+            missing.
+        num_self_loops (int): Edges :math:`(v, v)`.
+        num_duplicate_edges (int): Columns repeating an earlier column.
+        num_isolated_nodes (int): Nodes with neither in- nor out-edges.
+        num_unlabelled_nodes (int): Nodes with label ``-1``.
+        mask_counts (Dict[str, int]): Number of selected nodes per present
+            mask among :obj:`train_mask`, :obj:`val_mask`, :obj:`test_mask`.
+        warnings (List[str]): Messages of the emitted :class:`GraphWarning`.
+    """
+    num_nodes: int
+    num_edges: int
+    num_features: int
+    num_classes: Optional[int]
+    is_directed: bool
+    num_edges_without_reverse: int
+    num_self_loops: int
+    num_duplicate_edges: int
+    num_isolated_nodes: int
+    num_unlabelled_nodes: int
+    mask_counts: Dict[str, int] = field(default_factory=dict)
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def num_train_nodes(self) -> int:
+        return self.mask_counts.get("train_mask", 0)
+
+    @property
+    def num_val_nodes(self) -> int:
+        return self.mask_counts.get("val_mask", 0)
+
+    @property
+    def num_test_nodes(self) -> int:
+        return self.mask_counts.get("test_mask", 0)
+
+
+def _first(mask: Tensor) -> int:
+    # Index of the first True entry of a 1-D bool tensor (caller ensures any).
+    return int(mask.nonzero()[0, 0])
+
+
+def _check_x(data: Data) -> int:
+    x = data.x
+    if x is None:
+        raise GraphValidationError(
+            "data.x is missing; the model needs node features: add them, "
+            "e.g. data.x = torch.ones(data.num_nodes, 1) for a featureless "
+            "graph")
+    if not isinstance(x, Tensor) or x.layout != torch.strided:
+        what = type(x).__name__
+        if isinstance(x, Tensor):
+            what += f" with layout {x.layout}"
+        raise GraphValidationError(
+            f"data.x must be a dense torch.Tensor, got {what}; fix: "
+            f"data.x = data.x.to_dense()")
+    if x.dim() != 2:
+        raise GraphValidationError(
+            f"data.x must be 2-D [num_nodes, num_features], got shape "
+            f"{tuple(x.shape)}; fix: data.x = data.x.view(data.x.size(0), -1)")
+    if not x.is_floating_point():
+        raise GraphValidationError(
+            f"data.x must be floating point, got {x.dtype}; fix: "
+            f"data.x = data.x.float()")
+    bad = ~torch.isfinite(x)
+    num_bad = int(bad.sum())
+    if num_bad:
+        node = _first(bad.any(dim=1))
+        raise GraphValidationError(
+            f"x contains {num_bad} NaN/inf values (first at node {node}); "
+            f"fix: clean or impute them, e.g. data.x = "
+            f"torch.nan_to_num(data.x, nan=0.0, posinf=0.0, neginf=0.0)")
+    return x.size(1)
+
+
+def _num_nodes(data: Data) -> int:
+    num_x = data.x.size(0)
+    explicit = getattr(data, "_store", {}).get("num_nodes", None)
+    if explicit is not None and int(explicit) != num_x:
+        raise GraphValidationError(
+            f"data.num_nodes is {int(explicit)} but data.x has {num_x} rows; "
+            f"fix: give one feature row per node or correct data.num_nodes")
+    if num_x == 0:
+        raise GraphValidationError(
+            "empty graph: data has 0 nodes; a graph needs at least one node "
+            "(and one per partition)")
+    return num_x
+
+
+def _check_edge_index(data: Data, num_nodes: int) -> Tensor:
+    edge_index = data.edge_index
+    if edge_index is None:
+        raise GraphValidationError(
+            "data.edge_index is missing; fix: store the edges as a [2, "
+            "num_edges] int64 tensor (for a SparseTensor adj_t use "
+            "row, col, _ = adj_t.t().coo(); data.edge_index = "
+            "torch.stack([row, col]))")
+    if (not isinstance(edge_index, Tensor)
+            or edge_index.layout != torch.strided):
+        raise GraphValidationError(
+            f"data.edge_index must be a dense torch.Tensor, got "
+            f"{type(edge_index).__name__}; fix: store a [2, num_edges] int64 "
+            f"tensor")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise GraphValidationError(
+            f"edge_index must have shape [2, num_edges], got "
+            f"{tuple(edge_index.shape)}; fix: for a list of (src, dst) pairs "
+            f"use data.edge_index = data.edge_index.t().contiguous()")
+    if edge_index.dtype != torch.long:
+        raise GraphValidationError(
+            f"edge_index must be int64 (torch.long), got {edge_index.dtype}; "
+            f"fix: data.edge_index = data.edge_index.long()")
+    bad = ((edge_index < 0) | (edge_index >= num_nodes)).any(dim=0)
+    num_bad = int(bad.sum())
+    if num_bad:
+        e = _first(bad)
+        src, dst = (int(v) for v in edge_index[:, e])
+        raise GraphValidationError(
+            f"edge_index has {num_bad} edges with node indices outside "
+            f"[0, {num_nodes}) (first at edge {e}: ({src}, {dst})); fix: drop "
+            f"those edges or add the missing nodes to data.x")
+    # Plain Tensor ops: an EdgeIndex subclass would re-dispatch every op.
+    return edge_index.as_subclass(Tensor)
+
+
+def _check_masks(data: Data, num_nodes: int) -> Dict[str, Tensor]:
+    masks: Dict[str, Tensor] = {}
+    for name in _MASKS:
+        mask = getattr(data, name, None)
+        if mask is None:
+            if name == "train_mask":
+                raise GraphValidationError(
+                    "data.train_mask is missing; fix: add a bool [num_nodes] "
+                    "mask of training nodes, e.g. with "
+                    "torch_geometric.transforms.RandomNodeSplit()(data)")
+            continue  # val/test are optional
+        if not isinstance(mask, Tensor):
+            raise GraphValidationError(
+                f"data.{name} must be a torch.Tensor, got "
+                f"{type(mask).__name__}")
+        if mask.dim() == 2 and mask.size(0) == num_nodes:
+            raise GraphValidationError(
+                f"{name} has shape {tuple(mask.shape)} (several splits); fix: "
+                f"select one split, e.g. data.{name} = data.{name}[:, 0]")
+        if mask.dtype != torch.bool:
+            if mask.dim() == 1 and mask.numel() == num_nodes:
+                fix = f"data.{name} = data.{name}.bool()"
+            else:
+                fix = (f"if it holds node indices use data.{name} = "
+                       f"torch_geometric.utils.index_to_mask(data.{name}, "
+                       f"size=data.num_nodes)")
+            raise GraphValidationError(
+                f"{name} must be a bool tensor, got {mask.dtype} with shape "
+                f"{tuple(mask.shape)}; fix: {fix}")
+        if mask.dim() != 1 or mask.numel() != num_nodes:
+            raise GraphValidationError(
+                f"{name} must have shape [num_nodes] = [{num_nodes}], got "
+                f"{tuple(mask.shape)}; fix: build it with "
+                f"torch_geometric.utils.index_to_mask(index, "
+                f"size={num_nodes})")
+        masks[name] = mask
+    if not bool(masks["train_mask"].any()):
+        raise GraphValidationError(
+            "train_mask selects no nodes; fix: mark at least one training "
+            "node")
+    return masks
+
+
+def _check_y(data: Data, num_nodes: int, num_classes: Optional[int],
+             masks: Dict[str, Tensor]) -> tuple:
+    y = data.y
+    if y is None:
+        raise GraphValidationError(
+            "data.y is missing; fix: add node labels as an int64 [num_nodes] "
+            "tensor (use -1 for unlabelled nodes outside all masks)")
+    if not isinstance(y, Tensor):
+        raise GraphValidationError(
+            f"data.y must be a torch.Tensor, got {type(y).__name__}")
+    if y.dim() == 0 or y.size(0) != num_nodes:
+        raise GraphValidationError(
+            f"y must have one entry per node (size(0) = {num_nodes}), got "
+            f"shape {tuple(y.shape)}")
+    if y.is_floating_point():
+        # Regression / multi-label targets: no class range to check.
+        bad = ~torch.isfinite(y).view(num_nodes, -1).all(dim=1)
+        if bool(bad.any()):
+            raise GraphValidationError(
+                f"y contains NaN/inf targets on {int(bad.sum())} nodes (first "
+                f"at node {_first(bad)}); fix: clean them or exclude those "
+                f"nodes from all masks")
+        return None, 0
+    if y.dtype == torch.bool or y.is_complex():
+        raise GraphValidationError(
+            f"y must hold integer class labels, got {y.dtype}; fix: "
+            f"data.y = data.y.long()")
+    if y.dim() != 1:
+        raise GraphValidationError(
+            f"y must be 1-D [num_nodes] class labels, got shape "
+            f"{tuple(y.shape)}; fix: data.y = data.y.view(-1)")
+    if num_classes is not None and num_classes < 1:
+        raise GraphValidationError(
+            f"num_classes must be >= 1, got {num_classes}")
+
+    too_small = y < -1
+    if bool(too_small.any()):
+        node = _first(too_small)
+        raise GraphValidationError(
+            f"y has {int(too_small.sum())} negative labels other than -1 "
+            f"(first at node {node}: {int(y[node])}); labels must be in "
+            f"[0, num_classes), or -1 for unlabelled nodes outside all masks")
+    if num_classes is None:
+        num_classes = int(y.max()) + 1 if bool((y >= 0).any()) else 0
+    too_large = y >= num_classes
+    if bool(too_large.any()):
+        node = _first(too_large)
+        raise GraphValidationError(
+            f"y has {int(too_large.sum())} labels >= num_classes="
+            f"{num_classes} (first at node {node}: {int(y[node])}); fix: pass "
+            f"the right num_classes or remap labels to 0..num_classes-1")
+    unlabelled = y == -1
+    for name, mask in masks.items():
+        inside = unlabelled & mask
+        if bool(inside.any()):
+            raise GraphValidationError(
+                f"y has {int(inside.sum())} unlabelled nodes (label -1) "
+                f"inside {name} (first at node {_first(inside)}); fix: "
+                f"remove them from the mask (data.{name} &= data.y >= 0) or "
+                f"label them")
+    return num_classes, int(unlabelled.sum())
+
+
+def _edge_stats(edge_index: Tensor, num_nodes: int) -> Dict[str, int]:
+    row, col = edge_index[0], edge_index[1]
+    num_edges = row.numel()
+    # Isolated = no in- and no out-edge: such a node never sends or receives.
+    degree = (torch.bincount(row, minlength=num_nodes) +
+              torch.bincount(col, minlength=num_nodes))
+    stats = dict(
+        num_self_loops=int((row == col).sum()),
+        num_isolated_nodes=int((degree == 0).sum()),
+        num_duplicate_edges=0,
+        num_edges_without_reverse=0,
+    )
+    if num_edges == 0:
+        return stats
+    # Sorting the int64 keys row * N + col exposes duplicates as equal
+    # neighbours; coalesced input (the common case) is already sorted.
+    key = row * num_nodes + col
+    if not bool((key[1:] >= key[:-1]).all()):
+        key = torch.sort(key).values
+    first = torch.ones(num_edges, dtype=torch.bool)
+    first[1:] = key[1:] != key[:-1]
+    unique = key[first]
+    stats["num_duplicate_edges"] = num_edges - unique.numel()
+    # Reversal is an involution, so an edge lacks its reverse iff it is not
+    # in the reversed set. Compare sorted sets: equality is the undirected
+    # fast path, otherwise a binary search with *sorted* queries (random
+    # queries into tens of millions of keys are ~10x slower, cache misses).
+    reverse = torch.sort((unique % num_nodes) * num_nodes +
+                         unique // num_nodes).values
+    if not torch.equal(unique, reverse):
+        pos = torch.searchsorted(unique, reverse).clamp_(
+            max=unique.numel() - 1)
+        stats["num_edges_without_reverse"] = int(
+            (unique[pos] != reverse).sum())
+    return stats
+
+
+def _issue(message: str, strict: bool, fix: str, emitted: List[str]) -> None:
+    if strict:
+        raise GraphValidationError(f"{message} (strict=True: {fix})")
+    # stacklevel=3 points at the caller of validate_graph.
+    warnings.warn(message, GraphWarning, stacklevel=3)
+    emitted.append(message)
+
+
+def validate_graph(data: Data, *, num_classes: Optional[int] = None,
+                   strict: bool = False) -> GraphReport:
+    r"""Checks that :obj:`data` is a node-classification graph the engine can
+    train on, raising :class:`GraphValidationError` on the first problem and
+    emitting one :class:`GraphWarning` per benign-but-notable property.
+
+    Errors: missing, non-dense, non-2-D, non-float or non-finite :obj:`x`;
+    :obj:`num_nodes` disagreeing with :obj:`x`; an empty graph;
+    :obj:`edge_index` missing, not ``[2, E]``, not int64, or with indices
+    outside ``[0, num_nodes)``; :obj:`train_mask` missing or empty; any mask
+    not bool or not of shape ``[num_nodes]``; :obj:`y` missing or of the
+    wrong shape; integer labels below ``-1`` or ``>= num_classes``; label
+    ``-1`` (unlabelled) on a node inside any mask. Floating-point :obj:`y`
+    (regression, multi-label) is accepted if finite.
+
+    Warnings (errors if :obj:`strict`): a directed graph (METIS partitions
+    the symmetrized graph, message passing uses the edges as given),
+    self-loops and duplicate edges (kept as given, so results equal
+    single-process PyG), isolated nodes (assigned to partitions by weight,
+    they receive no messages), and overlapping masks.
+
+    Args:
+        data (torch_geometric.data.Data): The graph.
+        num_classes (int, optional): Number of classes; if :obj:`None` it is
+            inferred as ``y.max() + 1`` and only negative labels are
+            checked. (default: :obj:`None`)
+        strict (bool, optional): Turn every :class:`GraphWarning` into a
+            :class:`GraphValidationError`. (default: :obj:`False`)
+
+    Returns:
+        GraphReport: Counts of nodes, edges, self-loops, duplicates, isolated
+        nodes, unlabelled nodes and mask sizes.
+    """
+    if not isinstance(data, Data):
+        raise GraphValidationError(
+            f"expected a torch_geometric.data.Data, got {type(data).__name__}"
+            f"; heterogeneous graphs are not supported (fix: "
+            f"data.to_homogeneous() for HeteroData)")
+    with warnings.catch_warnings():
+        # PyG warns when it has to guess num_nodes; we only need "any?".
+        warnings.simplefilter("ignore")
+        if not data.num_nodes:
+            raise GraphValidationError(
+                "empty graph: data has 0 nodes; a graph needs at least one "
+                "node (and one per partition)")
+    num_features = _check_x(data)
+    num_nodes = _num_nodes(data)
+    edge_index = _check_edge_index(data, num_nodes)
+    masks = _check_masks(data, num_nodes)
+    num_classes, num_unlabelled = _check_y(data, num_nodes, num_classes,
+                                           masks)
+    stats = _edge_stats(edge_index, num_nodes)
+
+    emitted: List[str] = []
+    missing = stats["num_edges_without_reverse"]
+    if missing:
+        _issue(f"graph is directed ({missing} edges lack a reverse); METIS "
+               f"partitions the symmetrized graph, message passing uses the "
+               f"edges as given (in-edges of each node)", strict,
+               "symmetrize with torch_geometric.utils.to_undirected",
+               emitted)
+    if stats["num_self_loops"]:
+        _issue(f"graph has {stats['num_self_loops']} self-loops; kept as "
+               f"given, so results equal single-process PyG; call "
+               f"torch_geometric.utils.remove_self_loops first to drop them",
+               strict, "drop them with remove_self_loops", emitted)
+    if stats["num_duplicate_edges"]:
+        _issue(f"graph has {stats['num_duplicate_edges']} duplicate edges; "
+               f"kept as given, so results equal single-process PyG; call "
+               f"torch_geometric.utils.coalesce first to drop them", strict,
+               "drop them with coalesce", emitted)
+    if stats["num_isolated_nodes"]:
+        _issue(f"graph has {stats['num_isolated_nodes']} isolated nodes; "
+               f"they are assigned to partitions by weight and receive no "
+               f"messages", strict,
+               "remove them, e.g. with torch_geometric.transforms."
+               "RemoveIsolatedNodes", emitted)
+    names = list(masks)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            overlap = int((masks[a] & masks[b]).sum())
+            if overlap:
+                _issue(f"{a} and {b} overlap on {overlap} nodes; both are "
+                       f"used as given, so metrics on {b} include nodes of "
+                       f"{a}", strict, "make the masks disjoint", emitted)
+
+    return GraphReport(
+        num_nodes=num_nodes,
+        num_edges=edge_index.size(1),
+        num_features=num_features,
+        num_classes=num_classes,
+        is_directed=missing > 0,
+        num_edges_without_reverse=missing,
+        num_self_loops=stats["num_self_loops"],
+        num_duplicate_edges=stats["num_duplicate_edges"],
+        num_isolated_nodes=stats["num_isolated_nodes"],
+        num_unlabelled_nodes=num_unlabelled,
+        mask_counts={name: int(m.sum()) for name, m in masks.items()},
+        warnings=emitted,
+    )
+
+
+def check_num_parts(num_nodes: int, num_parts: int) -> int:
+    r"""Checks that a graph with :obj:`num_nodes` nodes can be split into
+    :obj:`num_parts` non-empty partitions.
+
+    Args:
+        num_nodes (int): Number of nodes of the graph.
+        num_parts (int): Requested number of partitions (usually the world
+            size).
+
+    Returns:
+        int: :obj:`num_parts`, as a Python :obj:`int`.
+    """
+    ints = []
+    for name, value in (("num_nodes", num_nodes), ("num_parts", num_parts)):
+        try:
+            # operator.index accepts int, numpy and 0-d integer tensors, and
+            # rejects floats; bools are ints in Python but never meant here.
+            if isinstance(value, bool):
+                raise TypeError
+            ints.append(operator.index(value))
+        except TypeError:
+            raise GraphValidationError(
+                f"{name} must be an int, got {type(value).__name__} "
+                f"({value!r})") from None
+    num_nodes, num_parts = ints
+    if num_nodes < 1:
+        raise GraphValidationError(
+            f"empty graph: num_nodes is {num_nodes}; nothing to partition")
+    if num_parts < 1:
+        raise GraphValidationError(
+            f"num_parts must be >= 1, got {num_parts}; fix: use at least one "
+            f"partition (one per process)")
+    if num_parts > num_nodes:
+        raise GraphValidationError(
+            f"num_parts={num_parts} exceeds num_nodes={num_nodes}: every "
+            f"partition needs at least one node; fix: use at most "
+            f"{num_nodes} partitions (fewer devices/processes)")
+    return num_parts
