@@ -47,6 +47,7 @@ class FullGraphEngine:
         self.loss_mask = loss_mask
         self._model: Optional[PartitionedModel] = None
         self._data: Optional[Data] = None
+        self._kernel_handle = None
 
     @property
     def data(self) -> Data:
@@ -54,6 +55,11 @@ class FullGraphEngine:
         if self._data is None:
             self._data = self.partition.to_data()
         return self._data
+
+    def to(self, device) -> "FullGraphEngine":
+        r"""Moves the rank-local graph to :obj:`device`."""
+        self._data = self.data.to(device)
+        return self
 
     @property
     def stats(self):
@@ -71,8 +77,23 @@ class FullGraphEngine:
             broadcast_parameters(model, group=self.group)
         return self._model
 
+    def use_kernels(self, backend: Optional[str] = "auto") -> None:
+        r"""Runs the attached model's aggregations on a
+        :mod:`lightning_fullgraph.kernels` backend (``None``: PyG's own path)."""
+        if self._model is None:
+            raise RuntimeError("attach a model before choosing kernels")
+        if self._kernel_handle is not None:
+            self._kernel_handle.revert()
+            self._kernel_handle = None
+        if backend is not None:
+            from .. import kernels
+            self._kernel_handle = kernels.accelerate(self._model.model, backend=backend)
+
     def detach(self) -> Optional[torch.nn.Module]:
-        r"""Reverts the attached model to its original form."""
+        r"""Reverts the attached model to its original form (kernels included)."""
+        if self._kernel_handle is not None:
+            self._kernel_handle.revert()
+            self._kernel_handle = None
         if self._model is None:
             return None
         model = self._model.revert()

@@ -84,7 +84,6 @@ class FullGraphStrategy(DDPStrategy):
         self.num_threads = num_threads
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
-        self._kernel_handle = None
 
     # -- environment -----------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -134,9 +133,7 @@ class FullGraphStrategy(DDPStrategy):
         module = self.lightning_module
         self.engine.attach(module, trusted_layers=self.trusted_layers,
                            sync_batchnorm=self.sync_batchnorm, broadcast=True)
-        if self.kernels is not None:
-            from .. import kernels
-            self._kernel_handle = kernels.accelerate(module, backend=self.kernels)
+        self.engine.use_kernels(self.kernels)
 
     def batch_to_device(self, batch: Any, device: Optional[torch.device] = None,
                         dataloader_idx: int = 0) -> Any:
@@ -165,9 +162,6 @@ class FullGraphStrategy(DDPStrategy):
         return out
 
     def teardown(self) -> None:
-        if self._kernel_handle is not None:
-            self._kernel_handle.revert()
-            self._kernel_handle = None
         if self.engine is not None:
             self.engine.detach()
         super().teardown()
