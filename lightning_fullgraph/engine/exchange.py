@@ -96,7 +96,7 @@ class HaloExchange:
     def _all_to_all(self, rows: Tensor, in_splits, out_splits, key: str,
                     direction: str) -> Tensor:
         shape = rows.shape[1:]
-        flat = rows.reshape(rows.size(0), -1)
+        flat = rows.reshape(rows.size(0), math.prod(shape))
         start = time.perf_counter()
         wire, ctx = self.codec.encode(flat, key)
         wire = wire.contiguous()

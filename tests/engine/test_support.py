@@ -1,0 +1,74 @@
+"""Model surgery: what is refused, and that revert restores the model exactly."""
+import pytest
+import torch
+from torch_geometric.nn import ChebConv, GCNConv, GraphNorm, LayerNorm
+from torch_geometric.nn.conv import gcn_conv, sg_conv
+
+from lightning_fullgraph.engine import norm as engine_norm
+from lightning_fullgraph.engine import (DistributedBatchNorm, HaloExchange, UnsupportedLayerError,
+                                        check_model, partition_model)
+
+from .models import Net
+
+
+def _exchange(num_nodes):
+    # One rank, no halo: enough to exercise the hooks without a process group.
+    return HaloExchange(num_nodes, torch.empty(0, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                        torch.zeros(1, dtype=torch.long))
+
+
+def test_unverified_layer_is_named():
+    model = torch.nn.ModuleDict({"encoder": torch.nn.ModuleList([ChebConv(4, 4, K=2)])})
+    with pytest.raises(UnsupportedLayerError, match=r"'encoder\.0' \(ChebConv\) is not verified"):
+        check_model(model)
+    assert [n for n, _ in check_model(model, trusted_layers=[ChebConv])] == ["encoder.0"]
+
+
+@pytest.mark.parametrize("norm,message", [
+    (LayerNorm(8), "normalizes over all nodes of the graph"),
+    (GraphNorm(8), "computes statistics across nodes"),
+])
+def test_cross_node_norms_are_refused(norm, message):
+    with pytest.raises(UnsupportedLayerError, match=message):
+        check_model(torch.nn.Sequential(GCNConv(8, 8), norm))
+
+
+def test_target_to_source_flow_is_refused():
+    conv = GCNConv(4, 4, flow="target_to_source")
+    with pytest.raises(UnsupportedLayerError, match="flow='target_to_source'"):
+        check_model(conv)
+
+
+def test_revert_restores_the_model():
+    torch.manual_seed(0)
+    model = Net("gcn", 8, 3)
+    keys = list(model.state_dict())
+    handle = partition_model(model, _exchange(10))
+    assert isinstance(model.bn, DistributedBatchNorm)
+    assert sg_conv.gcn_norm is engine_norm._dispatch_gcn_norm  # routed through the dispatcher
+    assert list(model.state_dict()) == keys  # checkpoints see the same model
+    handle.revert()
+    assert type(model.bn) is torch.nn.BatchNorm1d
+    assert sg_conv.gcn_norm is engine_norm._pyg_gcn_norm
+    assert gcn_conv.gcn_norm is engine_norm._pyg_gcn_norm
+    assert not model.conv1._propagate_forward_pre_hooks
+    assert not model.conv1._forward_pre_hooks
+    assert list(model.state_dict()) == keys
+
+
+def test_global_tensor_on_a_partition_is_a_clear_error():
+    model = Net("sage_mean", 8, 3)
+    partition_model(model, _exchange(10))
+    with pytest.raises(ValueError, match="received a node tensor with 12 rows but this rank "
+                                         "owns 10 nodes"):
+        model(torch.randn(12, 8), torch.tensor([[0, 1], [1, 2]]))
+
+
+def test_one_rank_equals_plain_pyg():
+    torch.manual_seed(0)
+    model = Net("gat", 8, 3).eval()
+    x, edge_index = torch.randn(10, 8), torch.randint(0, 10, (2, 30))
+    expected = model(x, edge_index)
+    handle = partition_model(model, _exchange(10))
+    torch.testing.assert_close(model(x, edge_index), expected)
+    handle.revert()
