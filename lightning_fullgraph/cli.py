@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="METIS seed")
     p.add_argument("--force", action="store_true", help="re-partition even if cached")
     p.add_argument("--json", action="store_true", help="print statistics as JSON")
+    p.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
+                   help="row-normalize features (auto: yes for Planetoid data)")
 
     t = sub.add_parser("train", help="train a PyG model full-graph on several processes",
                        description="Train a PyG BasicGNN model (GCN, GraphSAGE, GAT, GIN) for "
@@ -61,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=float, default=5e-4)
     t.add_argument("--norm", default=None, help="normalization between layers, e.g. batch_norm")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
+                   help="row-normalize features (auto: yes for Planetoid data, as Kipf & Welling)")
     t.add_argument("--kernels", default="auto", choices=["auto", "cpp", "triton", "torch", "pyg"],
                    help="aggregation backend ('pyg': PyG's own scatter path)")
     t.add_argument("--timeout", type=float, default=300.0,
@@ -73,9 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _partition(args) -> int:
-    from .data import load_dataset
     from .partition import partition_graph, read_manifest
-    data = load_dataset(args.dataset)
+    data = _load(args)
     root = args.cache_dir
     path = partition_graph(data, args.parts, root=root, seed=args.seed, force=args.force,
                            progress=not args.json)
@@ -100,7 +103,6 @@ def _train(args) -> int:
     import lightning.pytorch as pl
 
     from . import CommunicationMonitor, FullGraphDataModule, FullGraphStrategy
-    from .data import load_dataset
     from .module import NodeClassifier, build_model
 
     pl.seed_everything(args.seed, verbose=False)
@@ -108,7 +110,7 @@ def _train(args) -> int:
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
     if args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
-        data = load_dataset(args.dataset)
+        data = _load(args)
         datamodule = LightningNodeData(data, loader="full")
         num_features, num_classes = data.num_features, int(data.y.max()) + 1
         strategy, devices, callbacks = "auto", 1, []
@@ -123,7 +125,7 @@ def _train(args) -> int:
             num_classes = int(manifest.get("num_classes") or 0) or _num_classes(probe)
             datamodule = FullGraphDataModule(args.dataset)
         else:
-            data = load_dataset(args.dataset)
+            data = _load(args)
             num_features, num_classes = data.num_features, int(data.y.max()) + 1
             datamodule = FullGraphDataModule(data, cache_dir=args.cache_dir, seed=args.seed,
                                              num_classes=num_classes)
@@ -165,6 +167,17 @@ def _train(args) -> int:
         else:
             _print_summary(summary)
     return 0
+
+
+def _load(args):
+    from .data import load_dataset
+    data = load_dataset(args.dataset)
+    normalize = args.normalize_features == "yes" or (
+        args.normalize_features == "auto" and args.dataset.strip().lower() == "cora")
+    if normalize:
+        import torch_geometric.transforms as T
+        data = T.NormalizeFeatures()(data)
+    return data
 
 
 def _num_classes(partition) -> int:

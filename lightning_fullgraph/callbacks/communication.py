@@ -37,6 +37,18 @@ class CommunicationMonitor(Callback):
     def _engine(trainer: "pl.Trainer"):
         return getattr(trainer.strategy, "engine", None)
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # Partition statistics (edge cut, halo, imbalance) go to the logger once.
+        directory = getattr(trainer.datamodule, "partition_dir", None)
+        if directory is None or not trainer.loggers:
+            return
+        from ..partition import PartitionStats, read_manifest
+        stats = read_manifest(directory).get("stats")
+        if stats and trainer.is_global_zero:
+            summary = PartitionStats.from_dict(stats).summary()
+            for logger in trainer.loggers:
+                logger.log_metrics({k: float(v) for k, v in summary.items()}, step=0)
+
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         engine = self._engine(trainer)
         if engine is not None:
