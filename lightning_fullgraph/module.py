@@ -4,7 +4,7 @@ Nothing in it knows about partitions: it is what a PyG user writes for
 ``LightningNodeData(loader="full")``, and the CLI, the examples and the tests
 train it unchanged on one process or under :class:`FullGraphStrategy`.
 """
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import lightning.pytorch as pl
 import torch
@@ -44,20 +44,41 @@ class NodeClassifier(pl.LightningModule):
     r"""Full-batch node classification with cross-entropy on ``train_mask``.
 
     Args:
-        model (torch.nn.Module): A PyG model called as ``model(x, edge_index)``.
-        num_classes (int): Number of classes.
+        model (torch.nn.Module or Callable): A PyG model called as
+            ``model(x, edge_index)``, or a factory ``model(num_features, num_classes)``
+            called in :meth:`configure_model` with the data module's dimensions (so
+            that no process has to load the graph just to size the model).
+        num_classes (int, optional): Number of classes (read from the data module
+            when a factory is given).
         lr (float): Adam learning rate.
         weight_decay (float): Adam weight decay.
         input_dropout (float): Dropout on the input features (Kipf & Welling).
     """
 
-    def __init__(self, model: torch.nn.Module, num_classes: int, lr: float = 0.01,
+    def __init__(self, model: Union[torch.nn.Module, Callable[[int, int], torch.nn.Module]],
+                 num_classes: Optional[int] = None, lr: float = 0.01,
                  weight_decay: float = 5e-4, input_dropout: float = 0.5) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["model"])
+        self._factory = None
+        if isinstance(model, torch.nn.Module):
+            if num_classes is None:
+                raise ValueError("num_classes is required with a model instance")
+            self._build(model, num_classes)
+        else:
+            self._factory = model
+
+    def _build(self, model: torch.nn.Module, num_classes: int) -> None:
         self.model = model
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
+
+    def configure_model(self) -> None:
+        if self._factory is None or hasattr(self, "model"):
+            return
+        datamodule = self.trainer.datamodule
+        num_classes = self.hparams.num_classes or datamodule.num_classes
+        self._build(self._factory(datamodule.num_features, num_classes), num_classes)
 
     def forward(self, x, edge_index):
         x = F.dropout(x, self.hparams.input_dropout, self.training)

@@ -15,7 +15,8 @@ class CommunicationMonitor(Callback):
 
     Logged per epoch (means over ranks, plus ``_max`` over ranks for the bytes):
     ``comm/sent_MB``, ``comm/received_MB``, ``comm/exchange_s`` (seconds inside
-    the exchange), ``comm/compute_s`` (rest of the training step), and per layer
+    the exchange), ``comm/compute_s`` (rest of the training step), ``comm/step_s``
+    (the whole training step: forward, backward, optimizer), and per layer
     ``comm/layer/<name>_MB``.  ``comm/sent_MB`` also appears in the progress bar.
     The last epoch's figures stay in :attr:`last` and, per rank, in
     :attr:`history` (one dictionary per epoch).
@@ -74,6 +75,7 @@ class CommunicationMonitor(Callback):
             "comm/received_MB": total.bytes_received / 1e6,
             "comm/exchange_s": total.seconds,
             "comm/compute_s": max(0.0, self._step_seconds - total.seconds),
+            "comm/step_s": self._step_seconds,
         }
         if self.per_layer:
             for key, counter in sorted(stats.per_key().items()):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import lightning.pytorch as pl
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 from torch_geometric.data import Data
@@ -74,7 +75,8 @@ class FullGraphDataModule(pl.LightningDataModule):
         self.cache_dir = cache_dir
         self.seed = seed
         self.validate = validate
-        self.num_classes = num_classes
+        self.num_classes_arg = num_classes
+        self._num_classes: Optional[int] = None
         self.partition_dir: Optional[Path] = None
         self.partition = None  # LocalPartition of this rank after setup()
         self._local: Optional[Data] = None
@@ -105,7 +107,7 @@ class FullGraphDataModule(pl.LightningDataModule):
         data = self._global_graph()
         if self.validate:
             from .validation import validate_graph
-            validate_graph(data, num_classes=self.num_classes)
+            validate_graph(data, num_classes=self.num_classes_arg)
         self.partition_dir = partition_graph(data, self.num_parts or world, root=self.cache_dir,
                                              seed=self.seed)
 
@@ -130,6 +132,7 @@ class FullGraphDataModule(pl.LightningDataModule):
         self.partition_dir = Path(path)
         self.partition = load_partition(self.partition_dir, rank, num_parts=world)
         self._local = self.partition.to_data()
+        self._num_classes = self._global_num_classes()
         if self._source is not None:
             self._data = None  # the global graph is not kept past partitioning
 
@@ -142,7 +145,26 @@ class FullGraphDataModule(pl.LightningDataModule):
 
     @property
     def num_features(self) -> int:
+        r"""Node feature width."""
         return int(self.local_data.x.size(-1))
+
+    @property
+    def num_classes(self) -> int:
+        r"""Number of classes over the whole graph (largest label + 1, all ranks)."""
+        if self._num_classes is None:
+            raise RuntimeError("call setup() first")
+        return self._num_classes
+
+    def _global_num_classes(self) -> Optional[int]:
+        y = self.local_data.get("y")
+        if y is None or y.is_floating_point():
+            return None
+        if self.num_classes_arg is not None:
+            return self.num_classes_arg
+        top = torch.tensor([int(y.max()) + 1 if y.numel() else 0])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        return int(top)
 
     def _loader(self) -> DataLoader:
         return DataLoader(_OneGraph(self.local_data), batch_size=None, collate_fn=_identity)
