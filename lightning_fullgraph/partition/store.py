@@ -216,16 +216,17 @@ def load_partition(directory: PathLike, rank: int, *, num_parts: Optional[int] =
     if expected is None:
         raise PartitionFormatError(f"partition manifest in {directory} does not list {name}")
     try:
-        blob = path.read_bytes()
+        digest = _file_sha256(path)
     except FileNotFoundError:
         raise PartitionFormatError(f"partition file {path} is missing") from None
-    # Hash the very bytes we deserialize: catches truncation and bit rot.
-    if hashlib.sha256(blob).hexdigest() != expected:
+    # Catches truncation and bit rot before anything is deserialized.
+    if digest != expected:
         raise PartitionFormatError(
             f"partition file {path} is corrupted or truncated (sha256 does not match "
             f"the manifest); delete {directory} and re-partition")
     try:
-        state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+        # Memory-mapped: the file's bytes are never held twice (raw + tensors).
+        state = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
         part = LocalPartition.from_dict(state)
     except Exception as e:  # any unpickling problem is a format problem
         raise PartitionFormatError(f"partition file {path} could not be read: {e}") from e
@@ -234,6 +235,14 @@ def load_partition(directory: PathLike, rank: int, *, num_parts: Optional[int] =
             f"partition file {path} holds rank {part.rank} of {part.num_parts}, "
             f"expected rank {rank} of {P}")
     return part
+
+
+def _file_sha256(path: Path, chunk: int = 16 * 2**20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _is_complete(directory: Path, num_parts: int, fingerprint: str) -> bool:
