@@ -1,0 +1,43 @@
+"""Fast neighbour-aggregation kernels for PyG message passing (C++/OpenMP CPU, Triton GPU).
+
+Quick start::
+
+    import lightning_fullgraph.kernels as K
+
+    K.use("auto")                 # every supported PyG layer now uses the kernels
+    with K.use("torch"): ...      # temporarily the pure-PyTorch reference
+    handle = K.accelerate(model)  # or wrap one model explicitly; handle.revert()
+    out = K.aggregate(x, edge_index, edge_weight, "mean", num_dst)  # raw op
+
+Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
+"""
+from .backend import BACKENDS, current, resolve, use
+from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr
+from .functional import aggregate
+from .pyg import AccelerationHandle, accelerate, is_accelerated, register_layer, registered_layers
+
+__all__ = [
+    "BACKENDS",
+    "use",
+    "current",
+    "resolve",
+    "aggregate",
+    "accelerate",
+    "AccelerationHandle",
+    "is_accelerated",
+    "register_layer",
+    "registered_layers",
+    "CSRGraph",
+    "build_csr",
+    "get_csr",
+    "clear_cache",
+    "cache_info",
+    "cpp_available",
+]
+
+
+def cpp_available() -> bool:
+    """Whether the C++ CPU kernels are compiled and loadable (builds them on first call)."""
+    from . import cpp
+
+    return cpp.is_available()

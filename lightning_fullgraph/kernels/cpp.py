@@ -1,0 +1,143 @@
+"""JIT build and loading of the C++/OpenMP CPU aggregation kernels.
+
+The extension is compiled on first use with :func:`torch.utils.cpp_extension.load`
+into a persistent build directory keyed by a hash of the source, the torch version
+and the host CPU, so later processes only ``dlopen`` the cached library. Building
+never touches CUDA (``with_cuda=False``). When the sources are missing, no compiler
+is available, or ``LIGHTNING_FULLGRAPH_NO_EXT=1`` is set, :func:`load` returns
+``None`` after a single warning and callers use the pure-PyTorch reference.
+
+Large outputs come from a small pool of recycled, huge-page-advised buffers inside the
+extension (first-touch page faults of a fresh 512 MiB output otherwise cost as much as the
+aggregation). ``LIGHTNING_FULLGRAPH_POOL_MB`` caps the idle pooled memory (default 2048,
+``0`` disables pooling); :func:`lightning_fullgraph.kernels.clear_cache` releases it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import threading
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import List, Optional
+
+import torch
+
+__all__ = ["load", "is_available", "source_dir", "build_dir", "disabled_by_env"]
+
+_ENV_NO_EXT = "LIGHTNING_FULLGRAPH_NO_EXT"
+_SOURCES = ("aggregate.cpp",)
+
+_lock = threading.Lock()
+_module: Optional[ModuleType] = None
+_failed = False
+
+
+def disabled_by_env() -> bool:
+    """Whether ``LIGHTNING_FULLGRAPH_NO_EXT`` forces the pure-PyTorch fallback."""
+    return os.environ.get(_ENV_NO_EXT, "0").lower() not in ("", "0", "false", "no")
+
+
+def source_dir() -> Optional[Path]:
+    """Directory holding the C++ sources, or ``None`` when they cannot be found.
+
+    The sources live in the top-level ``csrc/`` of a source/editable checkout
+    (``<repo>/lightning_fullgraph/kernels/cpp.py`` -> ``<repo>/csrc``); a copy under
+    ``lightning_fullgraph/kernels/csrc`` (package data of a wheel) is used otherwise.
+    """
+    here = Path(__file__).resolve()
+    for cand in (here.parents[2] / "csrc", here.parent / "csrc"):
+        if all((cand / s).is_file() for s in _SOURCES):
+            return cand
+    return None
+
+
+def _cpu_tag() -> str:
+    # -march=native code is only valid on the CPU it was built for; a shared home
+    # directory across machines must not reuse it.
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = line
+                    break
+    except OSError:
+        pass
+    return platform.machine() + hashlib.sha1(flags.encode()).hexdigest()[:8]
+
+
+def build_dir(src: Path) -> Path:
+    """Persistent build directory for the given source directory."""
+    h = hashlib.sha256()
+    for s in _SOURCES:
+        h.update((src / s).read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(_cpu_tag().encode())
+    root = Path(os.environ.get("LIGHTNING_FULLGRAPH_CACHE", Path.home() / ".cache" / "lightning_fullgraph"))
+    return root / "ext" / h.hexdigest()[:16]
+
+
+def _cflags() -> List[str]:
+    flags = ["-O3", "-fopenmp", "-ffp-contract=fast"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags += ["-march=native", "-mprefer-vector-width=512"]
+    elif platform.machine() in ("aarch64", "arm64"):
+        flags += ["-mcpu=native"]
+    return flags
+
+
+def load(verbose: bool = False) -> Optional[ModuleType]:
+    """Return the compiled extension module, building it if needed; ``None`` if unavailable.
+
+    Args:
+        verbose: Print the compiler output.
+    """
+    global _module, _failed
+    if _module is not None:
+        return _module
+    if _failed:
+        return None
+    if disabled_by_env():
+        _failed = True
+        warnings.warn(f"lightning_fullgraph: {_ENV_NO_EXT}=1 - C++ aggregation kernels disabled; "
+                      "using the pure-PyTorch fallback.", RuntimeWarning, stacklevel=2)
+        return None
+    with _lock:
+        if _module is not None or _failed:
+            return _module
+        src = source_dir()
+        try:
+            if src is None:
+                raise FileNotFoundError("C++ sources (csrc/aggregate.cpp) not found next to the package")
+            bdir = build_dir(src)
+            bdir.mkdir(parents=True, exist_ok=True)
+            from torch.utils import cpp_extension
+
+            _module = cpp_extension.load(
+                name="lightning_fullgraph_cpu_aggr",
+                sources=[str(src / s) for s in _SOURCES],
+                extra_cflags=_cflags(),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(bdir),
+                with_cuda=False,
+                verbose=verbose,
+            )
+        except Exception as exc:  # compiler missing, ninja missing, build error, ...
+            _failed = True
+            warnings.warn(
+                "lightning_fullgraph: C++ aggregation kernels unavailable "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                "using the pure-PyTorch fallback.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+    return _module
+
+
+def is_available() -> bool:
+    """Whether the C++ extension can be (or has been) loaded."""
+    return load() is not None

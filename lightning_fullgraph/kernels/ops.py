@@ -1,0 +1,194 @@
+"""``torch.library`` custom ops for CSR aggregation, with autograd and fake (meta) kernels.
+
+Ops (namespace ``lightning_fullgraph``):
+
+* ``csr_sum(rowptr, col, weight?, x, mean, t_rowptr, t_col, t_perm, backend) -> out``
+* ``csr_max(rowptr, col, weight?, x, backend) -> (out, arg)``
+
+The transposed structure is an *input* of ``csr_sum`` so that backward
+(``grad_x = A^T grad_out``) is another forward-style CSR aggregation without atomics,
+using a structure built once per graph. ``backend`` picks the implementation
+(``"cpp"``, ``"triton"``, ``"torch"``); it is a plain string so ``torch.compile`` treats
+it as a constant. Registering with ``torch.library`` lets autograd and ``torch.compile``
+see the ops as opaque nodes with known output shapes.
+
+Double backward is not supported (the backward is built from the raw kernels).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import reference
+
+__all__ = ["csr_sum", "csr_max", "csr_sum_raw", "csr_edge_dot", "impl"]
+
+
+def impl(backend: str):
+    """Module implementing ``csr_sum``/``csr_max``/``csr_edge_dot`` for ``backend``."""
+    if backend == "cpp":
+        from . import cpp
+
+        mod = cpp.load()
+        return mod if mod is not None else reference
+    if backend == "triton":
+        from . import triton as triton_kernels
+
+        return triton_kernels
+    return reference
+
+
+def _kernel_ok(backend: str, x: Tensor) -> str:
+    # The compiled CPU kernels cover fp32/fp64 on CPU; anything else uses the reference.
+    if backend == "cpp" and (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64)):
+        return "torch"
+    if backend == "triton":
+        import os
+
+        interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            return "torch"
+        if x.device.type != "cuda" and not interpreted:
+            return "torch"  # Triton compiles for GPUs only; CPU runs need the interpreter
+    return backend
+
+
+# --------------------------------------------------------------------------- raw ops
+# Backward formulas must only call ops that torch.compile can trace, so the raw kernels
+# used there are custom ops too (without autograd: double backward raises clearly).
+@torch.library.custom_op("lightning_fullgraph::csr_sum_raw", mutates_args=())
+def csr_sum_raw(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
+                backend: str) -> Tensor:
+    """:func:`csr_sum` without autograd (used by backward on the transposed CSR)."""
+    backend = _kernel_ok(backend, x)
+    return impl(backend).csr_sum(rowptr, col, weight, x.contiguous(), mean)
+
+
+@csr_sum_raw.register_fake
+def _(rowptr, col, weight, x, mean, backend):
+    return x.new_empty(rowptr.shape[0] - 1, x.shape[1])
+
+
+@torch.library.custom_op("lightning_fullgraph::csr_edge_dot", mutates_args=())
+def csr_edge_dot(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor, backend: str) -> Tensor:
+    """``out[e] = <a[row(e)], b[col[e]]>`` per CSR edge (gradient of per-edge weights)."""
+    backend = _kernel_ok(backend, b)
+    return impl(backend).csr_edge_dot(rowptr, col, a.contiguous(), b.contiguous())
+
+
+@csr_edge_dot.register_fake
+def _(rowptr, col, a, b, backend):
+    return b.new_empty(col.shape[0])
+
+
+# --------------------------------------------------------------------------- sum / mean
+@torch.library.custom_op("lightning_fullgraph::csr_sum", mutates_args=())
+def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
+            t_rowptr: Tensor, t_col: Tensor, t_perm: Tensor, backend: str) -> Tensor:
+    """Sum/mean aggregation ``out[r] = reduce_e weight[e] * x[col[e]]`` over a CSR.
+
+    Args:
+        rowptr: ``[N_dst + 1]`` int64.
+        col: ``[E]`` source ids (CSR order).
+        weight: optional ``[E]`` per-edge scalar in CSR order.
+        x: ``[N_src, F]`` source features.
+        mean: divide by the in-degree (rows without edges stay 0).
+        t_rowptr, t_col, t_perm: transposed CSR (used by backward only).
+        backend: ``"cpp"``, ``"triton"`` or ``"torch"``.
+
+    Returns:
+        ``[N_dst, F]``.
+    """
+    backend = _kernel_ok(backend, x)
+    return impl(backend).csr_sum(rowptr, col, weight, x.contiguous(), mean)
+
+
+@csr_sum.register_fake
+def _(rowptr, col, weight, x, mean, t_rowptr, t_col, t_perm, backend):
+    return x.new_empty(rowptr.shape[0] - 1, x.shape[1])
+
+
+def _sum_setup(ctx, inputs, output):
+    rowptr, col, weight, x, mean, t_rowptr, t_col, t_perm, backend = inputs
+    ctx.mean, ctx.backend = mean, backend
+    ctx.needs_w = weight is not None and ctx.needs_input_grad[2]
+    ctx.has_w = weight is not None
+    ctx.save_for_backward(rowptr, col, weight if weight is not None else None,
+                          x if ctx.needs_w else None, t_rowptr, t_col, t_perm)
+
+
+def _sum_backward(ctx, grad):
+    rowptr, col, weight, x, t_rowptr, t_col, t_perm = ctx.saved_tensors
+    grad = grad.contiguous()
+    if ctx.mean:
+        deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(grad.dtype)
+        grad = grad / deg.unsqueeze(1)
+    grad_x = None
+    if ctx.needs_input_grad[3]:
+        t_w = weight.index_select(0, t_perm) if ctx.has_w else None
+        grad_x = csr_sum_raw(t_rowptr, t_col, t_w, grad, False, ctx.backend)
+    grad_w = None
+    if ctx.needs_w:
+        grad_w = csr_edge_dot(rowptr, col, grad, x, ctx.backend).to(weight.dtype)
+    return None, None, grad_w, grad_x, None, None, None, None, None
+
+
+csr_sum.register_autograd(_sum_backward, setup_context=_sum_setup)
+
+
+# --------------------------------------------------------------------------- max
+@torch.library.custom_op("lightning_fullgraph::csr_max", mutates_args=())
+def csr_max(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor,
+            backend: str) -> Tuple[Tensor, Tensor]:
+    """Feature-wise max aggregation over a CSR.
+
+    Returns:
+        ``(out [N_dst, F], arg [N_dst, F] int64)`` - ``arg`` is the CSR position of the
+        (first) maximising edge, ``-1`` for rows without in-edges (their output is 0).
+    """
+    backend = _kernel_ok(backend, x)
+    out, arg = impl(backend).csr_max(rowptr, col, weight, x.contiguous())
+    return out, arg
+
+
+@csr_max.register_fake
+def _(rowptr, col, weight, x, backend):
+    n = rowptr.shape[0] - 1
+    return x.new_empty(n, x.shape[1]), x.new_empty(n, x.shape[1], dtype=torch.long)
+
+
+def _max_setup(ctx, inputs, output):
+    rowptr, col, weight, x, backend = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.num_src = x.shape[0]
+    ctx.has_w = weight is not None
+    ctx.needs_w = ctx.has_w and ctx.needs_input_grad[2]
+    ctx.num_edges = col.shape[0]
+    ctx.save_for_backward(col, weight, x if ctx.needs_w else None, output[1])
+
+
+def _max_backward(ctx, grad, _grad_arg):
+    # Each (row, feature) routes its gradient to the single maximising edge (PyG's
+    # scatter 'amax' splits exact ties evenly; for tie-free inputs both agree).
+    col, weight, x, arg = ctx.saved_tensors
+    valid = arg >= 0
+    safe = arg.clamp(min=0)
+    if ctx.num_edges == 0:
+        return None, None, None if weight is None else torch.zeros_like(weight), torch.zeros(
+            ctx.num_src, grad.shape[1], dtype=grad.dtype, device=grad.device), None
+    src = col.long()[safe]  # [N_dst, F] source row per (row, feature)
+    g = torch.where(valid, grad, torch.zeros_like(grad))
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[3]:
+        scaled = g * weight[safe].to(g.dtype) if ctx.has_w else g
+        grad_x = g.new_zeros(ctx.num_src, g.shape[1]).scatter_add_(0, src, scaled)
+    if ctx.needs_w:
+        contrib = g * x.gather(0, src)
+        grad_w = contrib.new_zeros(ctx.num_edges).index_add_(0, safe.flatten(), contrib.flatten())
+        grad_w = grad_w.to(weight.dtype)
+    return None, None, grad_w, grad_x, None
+
+
+csr_max.register_autograd(_max_backward, setup_context=_max_setup)

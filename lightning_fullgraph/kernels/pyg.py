@@ -1,0 +1,345 @@
+"""Drop-in PyG backend: per-instance ``propagate`` wrappers that route aggregation to our kernels.
+
+A layer is *supported* when its message is ``x_j`` times an optional per-edge scalar and
+its aggregation is sum/mean/max - registered here for ``GCNConv``, ``SAGEConv``,
+``GINConv``, ``GraphConv``, ``SGConv``, ``APPNP``, ``GCN2Conv`` and ``TAGConv``; user
+classes can be added with :func:`register_layer`. Everything else (``GATConv``, custom
+``message``/``aggregate``, SparseTensor inputs, explain mode, extra hooks, ...) keeps PyG's
+path untouched.
+
+Composition with ``_propagate_forward_pre_hooks`` (the distributed engine replaces ``x``
+with ``(x_with_halo, x_own)`` and ``size`` with ``(N_src, N_dst)``): the wrapper runs the
+pre-hooks itself (not while compiling, like PyG), aggregates over the possibly rectangular
+graph, then runs ``update`` and ``_propagate_forward_hooks``. Calls it does not handle go
+to PyG's ``propagate`` unchanged; if a pre-hook makes a call unsupported, PyG's
+``propagate`` runs with the pre-hooks suppressed, so hooks never run twice.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import backend as _backend
+from .functional import aggregate
+
+__all__ = ["register_layer", "registered_layers", "accelerate", "AccelerationHandle", "is_accelerated"]
+
+_WRAPPER_FLAG = "_lightning_fullgraph_wrapper"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """How to read a supported layer's ``propagate`` keyword arguments."""
+
+    x: str
+    weight: Optional[str]
+    message: Callable  # the message function this spec describes (overrides disqualify)
+
+
+_registry: "OrderedDict[type, LayerSpec]" = OrderedDict()
+
+
+def register_layer(cls: type, x: str = "x", weight: Optional[str] = "edge_weight") -> type:
+    """Declare that ``cls.message`` returns ``x_j`` (times ``edge_weight.view(-1, 1)`` if given).
+
+    The class's aggregation must be a sum/mean/max ``Aggregation`` (``aggr="add"``,
+    ``"sum"``, ``"mean"``, ``"max"``) and ``update`` must be the default one. Subclasses
+    inherit the registration unless they override ``message``. Usable as a decorator.
+
+    Args:
+        cls: A ``torch_geometric.nn.MessagePassing`` subclass.
+        x: Name of the node-feature keyword of ``propagate`` (``Tensor`` or
+            ``(x_src, x_dst)`` tuple).
+        weight: Name of the optional ``[E]`` per-edge scalar keyword, or ``None``.
+
+    Returns:
+        ``cls`` unchanged.
+    """
+    _registry[cls] = LayerSpec(x=x, weight=weight, message=cls.message)
+    _seen_unsupported.clear()
+    return cls
+
+
+def registered_layers() -> Tuple[type, ...]:
+    """Classes registered with :func:`register_layer`."""
+    _register_builtin()
+    return tuple(_registry)
+
+
+_builtin_done = False
+
+
+def _register_builtin() -> None:
+    global _builtin_done
+    if _builtin_done:
+        return
+    _builtin_done = True
+    from torch_geometric import nn as gnn
+
+    for name in ("GCNConv", "GraphConv", "SGConv", "APPNP", "GCN2Conv", "TAGConv"):
+        register_layer(getattr(gnn, name), x="x", weight="edge_weight")
+    for name in ("SAGEConv", "GINConv"):
+        register_layer(getattr(gnn, name), x="x", weight=None)
+
+
+def _spec_for(module) -> Optional[LayerSpec]:
+    _register_builtin()
+    for klass in type(module).__mro__:
+        spec = _registry.get(klass)
+        if spec is not None:
+            return spec if type(module).message is spec.message else None
+    return None
+
+
+def _reduce_of(module) -> Optional[str]:
+    from torch_geometric.nn import aggr as A
+
+    kind = type(getattr(module, "aggr_module", None))
+    return {A.SumAggregation: "sum", A.MeanAggregation: "mean", A.MaxAggregation: "max"}.get(kind)
+
+
+def _module_supported(module) -> bool:
+    from torch_geometric.nn import MessagePassing
+
+    if _spec_for(module) is None or _reduce_of(module) is None:
+        return False
+    cls = type(module)
+    if cls.aggregate is not MessagePassing.aggregate or cls.update is not MessagePassing.update:
+        return False
+    if getattr(module, "flow", "source_to_target") != "source_to_target":
+        return False
+    if module.explain or getattr(module, "decomposed_layers", 1) != 1:
+        return False
+    # Hooks on message/aggregate level would be skipped by the kernel path.
+    for name in ("_message_forward_pre_hooks", "_message_forward_hooks", "_aggregate_forward_pre_hooks",
+                 "_aggregate_forward_hooks", "_message_and_aggregate_forward_pre_hooks",
+                 "_message_and_aggregate_forward_hooks"):
+        if len(getattr(module, name, ())) > 0:
+            return False
+    return True
+
+
+def _is_edge_index(ei) -> bool:
+    if not isinstance(ei, Tensor) or ei.is_sparse or ei.layout != torch.strided:
+        return False
+    return ei.dim() == 2 and ei.size(0) == 2 and not ei.is_floating_point() and not ei.is_complex()
+
+
+def _call_supported(module, spec: LayerSpec, edge_index, kwargs: Dict[str, Any]) -> bool:
+    if not _is_edge_index(edge_index):
+        return False
+    allowed = {spec.x} | ({spec.weight} if spec.weight else set())
+    if not set(kwargs) <= allowed or spec.x not in kwargs:
+        return False
+    x = kwargs[spec.x]
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2 or not isinstance(x[0], Tensor) or not (x[1] is None or isinstance(x[1], Tensor)):
+            return False
+        x_src = x[0]
+    elif isinstance(x, Tensor):
+        x_src = x
+    else:
+        return False
+    if x_src.dim() != 2 or module.node_dim not in (0, -2) or not x_src.is_floating_point():
+        return False
+    if x_src.device != edge_index.device:
+        return False
+    w = kwargs.get(spec.weight) if spec.weight else None
+    if w is not None and (not isinstance(w, Tensor) or w.dim() != 1 or w.numel() != edge_index.size(1)):
+        return False
+    return True
+
+
+def _sizes(edge_index, size, x) -> Optional[Tuple[int, int]]:
+    """``(N_src, N_dst)`` exactly as PyG infers them; ``None`` if inconsistent (let PyG raise)."""
+    s: List[Optional[int]] = list(size) if size is not None else [None, None]
+    if hasattr(edge_index, "sparse_size") and hasattr(edge_index, "num_rows"):
+        s = [edge_index.num_rows, edge_index.num_cols]  # EdgeIndex overrides size
+    x_src, x_dst = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, None)
+    for dim, t in ((1, x_dst), (0, x_src)):
+        if isinstance(t, Tensor):
+            if s[dim] is None:
+                s[dim] = t.size(0)
+            elif s[dim] != t.size(0):
+                return None
+    n_src = s[0] if s[0] is not None else s[1]
+    n_dst = s[1] if s[1] is not None else s[0]
+    return int(n_src), int(n_dst)
+
+
+def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_default: Optional[str]):
+    module_ref = weakref.ref(module)
+
+    def propagate(edge_index, *args, size=None, **kwargs):
+        mod = module_ref()
+        # Pinned backend, else the global switch; "auto" for accelerate()d layers while off.
+        requested = pinned if pinned is not None else (_backend.current() or follow_default)
+        spec = _spec_for(mod) if mod is not None else None
+        if (args or requested is None or spec is None or not _module_supported(mod)
+                or not _call_supported(mod, spec, edge_index, kwargs)):
+            return original(edge_index, *args, size=size, **kwargs)
+        from torch_geometric import is_compiling
+
+        x = kwargs[spec.x]
+        be = _backend.resolve(requested, (x[0] if isinstance(x, (tuple, list)) else x).device)
+        if be is None:
+            return original(edge_index, size=size, **kwargs)
+        if spec.weight and spec.weight not in kwargs:
+            kwargs = {**kwargs, spec.weight: None}  # hooks see every argument, as in PyG's template
+        if not is_compiling():
+            for hook in mod._propagate_forward_pre_hooks.values():
+                res = hook(mod, (edge_index, size, kwargs))
+                if res is not None:
+                    edge_index, size, kwargs = res
+        # The pre-hooks may have changed the call; re-check without re-running them.
+        if not _call_supported(mod, spec, edge_index, kwargs):
+            return _original_without_pre_hooks(mod, original, edge_index, size, kwargs)
+        x = kwargs[spec.x]
+        sizes = _sizes(edge_index, size, x)
+        if sizes is None:
+            return _original_without_pre_hooks(mod, original, edge_index, size, kwargs)
+        n_src, n_dst = sizes
+        x_src = x[0] if isinstance(x, (tuple, list)) else x
+        weight = kwargs.get(spec.weight) if spec.weight else None
+        out = aggregate(x_src, edge_index, weight, _reduce_of(mod), n_dst, num_src=n_src, backend=be)
+        out = mod.update(out)
+        for hook in mod._propagate_forward_hooks.values():
+            res = hook(mod, (edge_index, [n_src, n_dst], kwargs), out)
+            if res is not None:
+                out = res
+        return out
+
+    setattr(propagate, _WRAPPER_FLAG, True)
+    propagate.__wrapped__ = original
+    return propagate
+
+
+def _original_without_pre_hooks(mod, original, edge_index, size, kwargs):
+    saved = mod._propagate_forward_pre_hooks
+    mod._propagate_forward_pre_hooks = OrderedDict()
+    try:
+        return original(edge_index, size=size, **kwargs)
+    finally:
+        mod._propagate_forward_pre_hooks = saved
+
+
+_MISSING = object()
+
+
+def _install(module, pinned: Optional[str], follow_default: Optional[str]) -> Optional[Tuple[Any, Callable]]:
+    """Install the wrapper on ``module``; returns the restore token or ``None`` if skipped."""
+    if getattr(module.__dict__.get("propagate"), _WRAPPER_FLAG, False):
+        return None  # already wrapped (by accelerate() or use())
+    saved = module.__dict__.get("propagate", _MISSING)
+    wrapper = _make_wrapper(module, module.propagate, pinned, follow_default)
+    module.__dict__["propagate"] = wrapper
+    return saved, wrapper
+
+
+def _uninstall(module, token) -> None:
+    saved, wrapper = token
+    if module.__dict__.get("propagate") is not wrapper:
+        return  # someone replaced it since (e.g. PyG's explain setter); leave theirs
+    if saved is _MISSING:
+        del module.__dict__["propagate"]
+    else:
+        module.__dict__["propagate"] = saved
+
+
+def is_accelerated(module) -> bool:
+    """Whether ``module`` currently carries a kernel ``propagate`` wrapper."""
+    return bool(getattr(module.__dict__.get("propagate"), _WRAPPER_FLAG, False))
+
+
+class AccelerationHandle:
+    """Returned by :func:`accelerate`; :meth:`revert` restores every wrapped layer."""
+
+    def __init__(self, installed: List[Tuple[Any, Any]]):
+        self._installed = installed
+
+    @property
+    def modules(self) -> List[Any]:
+        """The layers that were wrapped."""
+        return [m for m, _ in self._installed]
+
+    def revert(self) -> None:
+        """Remove the wrappers (idempotent)."""
+        for module, token in reversed(self._installed):
+            _uninstall(module, token)
+        self._installed = []
+
+    def __enter__(self) -> "AccelerationHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.revert()
+
+
+def accelerate(model: torch.nn.Module, backend: Optional[str] = None) -> AccelerationHandle:
+    """Wrap every supported PyG layer inside ``model`` (in place).
+
+    Args:
+        model: Any module; supported ``MessagePassing`` submodules (and ``model`` itself)
+            are wrapped, others are untouched.
+        backend: Pin a backend for these layers; ``None`` follows the global :func:`use`
+            switch, or uses ``"auto"`` while that switch is off.
+
+    Returns:
+        An :class:`AccelerationHandle`; call ``.revert()`` to undo.
+    """
+    from torch_geometric.nn import MessagePassing
+
+    pinned = _backend._normalize(backend) if backend is not None else None
+    installed = []
+    for module in model.modules():
+        if isinstance(module, MessagePassing) and _spec_for(module) is not None:
+            if module in _auto_installed:  # wrapped lazily by use(): take it over
+                _uninstall(module, _auto_installed.pop(module))
+            token = _install(module, pinned, "auto")
+            if token is not None:
+                installed.append((module, token))
+    return AccelerationHandle(installed)
+
+
+# --------------------------------------------------------------------------- global switch
+# use(backend) installs wrappers lazily: a global forward pre-hook wraps each supported
+# layer the first time it runs, so unmodified models need no call to accelerate().
+_auto_installed: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_global_hook = None
+
+
+def _global_pre_hook(module, args):
+    if module.__class__ in _seen_unsupported:
+        return None
+    from torch_geometric.nn import MessagePassing
+
+    if not isinstance(module, MessagePassing) or _spec_for(module) is None:
+        _seen_unsupported.add(module.__class__)
+        return None
+    if module not in _auto_installed and not is_accelerated(module):
+        token = _install(module, None, None)
+        if token is not None:
+            _auto_installed[module] = token
+    return None
+
+
+_seen_unsupported: set = set()
+
+
+def _on_backend_change(backend: Optional[str]) -> None:
+    global _global_hook
+    if backend is not None and _global_hook is None:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        _global_hook = register_module_forward_pre_hook(_global_pre_hook)
+    elif backend is None and _global_hook is not None:
+        _global_hook.remove()
+        _global_hook = None
+        for module, token in list(_auto_installed.items()):
+            _uninstall(module, token)
+        _auto_installed.clear()

@@ -1,0 +1,36 @@
+"""Graph generators and skips shared by the kernel tests (imported by basename)."""
+import pytest
+import torch
+
+
+def make_graph(num_src, num_dst, num_edges, *, seed=0, skew=False, self_loops=True, duplicates=True,
+               isolated=True):
+    """Random edge_index with the awkward cases the kernels must handle.
+
+    Includes self-loops (square graphs), duplicate edges, destinations and sources
+    without any edge, and (``skew=True``) one hub destination holding ~half the edges.
+    """
+    g = torch.Generator().manual_seed(seed)
+    hi_src = max(1, num_src - 2) if isolated else num_src
+    hi_dst = max(1, num_dst - 3) if isolated else num_dst  # last rows isolated
+    src = torch.randint(0, hi_src, (num_edges,), generator=g)
+    dst = torch.randint(0, hi_dst, (num_edges,), generator=g)
+    if skew:
+        dst[: num_edges // 2] = 1
+    parts_s, parts_d = [src], [dst]
+    if self_loops and num_src == num_dst:
+        loops = torch.arange(0, min(num_src, hi_dst), 3)
+        parts_s.append(loops)
+        parts_d.append(loops)
+    if duplicates:
+        parts_s.append(src[:7])
+        parts_d.append(dst[:7])
+    return torch.stack([torch.cat(parts_s), torch.cat(parts_d)])
+
+
+
+def cpp_or_skip():
+    from lightning_fullgraph.kernels import cpp
+
+    if cpp.load() is None:
+        pytest.skip("C++ extension unavailable (no compiler or LIGHTNING_FULLGRAPH_NO_EXT=1)")
