@@ -272,7 +272,13 @@ def _free_port() -> int:
 
 def spawn_config(cfg: Dict[str, Any], world: int, timeout_s: float,
                  target=None) -> List[Dict[str, Any]]:
-    r"""Runs :func:`_train` (or :obj:`target`) in ``world`` freshly spawned processes."""
+    r"""Runs :func:`_train` (or :obj:`target`) in ``world`` freshly spawned processes.
+
+    Not :func:`lightning_fullgraph.testing.run_distributed`: that one imports torch in
+    the parent and in each child before the user function runs, and a spawned child's
+    ``ru_maxrss`` starts at its parent's RSS, so the memory figures need a launcher
+    that never imports torch and children that measure before importing it.
+    """
     ctx = mp.get_context("spawn")
     out_queue = ctx.Queue()
     port = _free_port()

@@ -116,10 +116,4 @@ def convert_batchnorm(module: torch.nn.Module,
 def revert_batchnorm(swaps: List[Tuple[torch.nn.Module, str, torch.nn.Module]]) -> None:
     r"""Puts back the modules replaced by :func:`convert_batchnorm` (parameters kept)."""
     for parent, name, original in reversed(swaps):
-        current = getattr(parent, name)
-        for attr in ("weight", "bias"):
-            setattr(original, attr, getattr(current, attr))
-        for attr in ("running_mean", "running_var", "num_batches_tracked"):
-            original._buffers[attr] = current._buffers.get(attr)
-        original.train(current.training)
-        setattr(parent, name, original)
+        _swap(parent, name, original, getattr(parent, name))
