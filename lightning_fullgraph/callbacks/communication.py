@@ -1,5 +1,6 @@
 """Logs what the halo exchange moved and how long it took."""
 import time
+import warnings
 from typing import Any, Dict, Optional
 
 import lightning.pytorch as pl
@@ -8,6 +9,10 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 __all__ = ["CommunicationMonitor"]
+
+# These values are reduced over ranks here already; Lightning's advice to add
+# sync_dist=True would only repeat the collective.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('comm/")
 
 
 class CommunicationMonitor(Callback):
