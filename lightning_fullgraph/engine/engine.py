@@ -56,6 +56,11 @@ class FullGraphEngine:
             self._data = self.partition.to_data()
         return self._data
 
+    @property
+    def attached(self) -> bool:
+        r"""Whether a model is attached."""
+        return self._model is not None and self._model.attached
+
     def to(self, device) -> "FullGraphEngine":
         r"""Moves the rank-local graph to :obj:`device`."""
         self._data = self.data.to(device)
@@ -70,7 +75,7 @@ class FullGraphEngine:
                sync_batchnorm: bool = True, broadcast: bool = True) -> PartitionedModel:
         r"""Attaches :obj:`model` (see :func:`partition_model`) and, by default,
         broadcasts rank 0's parameters so all replicas start equal."""
-        if self._model is not None and self._model.attached:
+        if self.attached:
             raise RuntimeError("a model is already attached; call detach() first")
         self._model = partition_model(model, self.exchange, trusted_layers, sync_batchnorm)
         if broadcast:

@@ -128,7 +128,7 @@ class FullGraphStrategy(DDPStrategy):
 
     def _attach_engine(self) -> None:
         assert self.engine is not None
-        if self.engine._model is not None:
+        if self.engine.attached:
             return
         module = self.lightning_module
         self.engine.attach(module, trusted_layers=self.trusted_layers,
