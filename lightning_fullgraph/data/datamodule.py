@@ -180,9 +180,3 @@ class FullGraphDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader()
-
-    def state_dict(self) -> dict:
-        return {"partition_dir": str(self.partition_dir) if self.partition_dir else None}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        pass  # partitions are re-derived from the graph; the cache makes that cheap
