@@ -24,19 +24,19 @@ LAYERS = {
 
 
 class Net(nn.Module):
-    r"""Linear → conv → ReLU → BatchNorm → Dropout → conv → Linear, any conv kind.
+    r"""Linear → BatchNorm → ReLU → conv → ReLU → Dropout → conv → Linear, any conv kind.
 
-    BatchNorm follows the activation: a bias right before BatchNorm has a
-    mathematically zero gradient, i.e. pure rounding noise that Adam would
-    amplify into steps, making trajectories incomparable in any two runs.
+    The input Linear has no bias: a bias right before BatchNorm has a mathematically
+    zero gradient, i.e. pure rounding noise that Adam turns into ±lr steps, which
+    makes trajectories of any two runs with different summation orders drift apart.
     """
 
     def __init__(self, kind: str, in_channels: int, out_channels: int, dropout: float = 0.0):
         super().__init__()
         self.kind = kind
-        self.lin_in = nn.Linear(in_channels, HIDDEN)
-        self.conv1 = LAYERS[kind]()
+        self.lin_in = nn.Linear(in_channels, HIDDEN, bias=False)
         self.bn = nn.BatchNorm1d(HIDDEN)
+        self.conv1 = LAYERS[kind]()
         self.dropout = nn.Dropout(dropout)
         self.conv2 = LAYERS[kind]()
         self.lin_out = nn.Linear(HIDDEN, out_channels)
@@ -45,10 +45,9 @@ class Net(nn.Module):
         return conv(x, x0, edge_index) if self.kind == "gcn2" else conv(x, edge_index)
 
     def forward(self, x, edge_index):
-        x = self.lin_in(x).relu()
+        x = self.bn(self.lin_in(x)).relu()
         x0 = x
-        x = self._conv(self.conv1, x, x0, edge_index)
-        x = self.dropout(self.bn(x.relu()))
+        x = self.dropout(self._conv(self.conv1, x, x0, edge_index).relu())
         return self.lin_out(self._conv(self.conv2, x, x0, edge_index))
 
 
