@@ -190,8 +190,14 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
                          int(cfg["num_classes"]))
     rec["num_parameters"] = int(sum(p.numel() for p in model.parameters()))
     allreduce_s = [0.0]
+    kernels = cfg.get("kernels", "pyg")
+    if engine is None and kernels != "pyg":
+        from lightning_fullgraph import kernels as kernel_backends
+        kernel_backends.accelerate(model, backend=kernels)
     if engine is not None:
         engine.attach(model)  # also broadcasts rank 0's parameters
+        if kernels != "pyg":
+            engine.use_kernels(kernels)
         # Time the gradient all-reduce that engine.backward() calls.
         inner = engine.all_reduce_gradients
 
@@ -545,6 +551,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128, help="hidden dimension")
     p.add_argument("--model", choices=("gcn", "sage"), default="gcn",
                    help="GCNConv or SAGEConv (mean aggregation) layers")
+    p.add_argument("--kernels", choices=("pyg", "auto", "cpp", "torch"), default="pyg",
+                   help="aggregation: PyG's own scatter path, or a lightning_fullgraph.kernels "
+                        "backend (on both sides of the comparison)")
     p.add_argument("--parts", type=str, default="2,4",
                    help="comma-separated numbers of ranks to compare with the single process")
     p.add_argument("--no-single", action="store_true",
@@ -678,7 +687,8 @@ def main(argv=None) -> int:
     graph_path = Path(graph_info["path"])
 
     # 3. One fresh set of processes per configuration.
-    base_cfg = {"model": args.model, "hidden": args.hidden, "num_classes": args.classes,
+    base_cfg = {"model": args.model, "kernels": args.kernels, "hidden": args.hidden,
+                "num_classes": args.classes,
                 "epochs": args.epochs, "warmup": args.warmup, "seed": args.seed,
                 "timeout_s": args.timeout}
     configs = ([] if args.no_single else [("single", 1)]) + [(f"P={P}", P)
