@@ -173,10 +173,20 @@ def _train(args) -> int:
     }
     if trainer.global_rank == 0 and rank == 0:
         if args.json:
-            print(json.dumps(summary, indent=2))
+            print(json.dumps(summary, indent=2), flush=True)
         else:
             _print_summary(summary)
+    _shutdown()
     return 0
+
+
+def _shutdown() -> None:
+    # Leaving gloo's process group to interpreter teardown can abort the process
+    # ("terminate called without an active exception"); close it explicitly.
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _load(args):
