@@ -84,8 +84,6 @@ def main():
     result = trainer.test(module, datamodule=datamodule, verbose=False)
     if trainer.is_global_zero:
         print(f"RESULT test_acc={result[0]['test_acc']:.4f} processes={trainer.world_size}")
-    if torch.distributed.is_initialized():  # close gloo cleanly before the interpreter exits
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -176,17 +176,7 @@ def _train(args) -> int:
             print(json.dumps(summary, indent=2), flush=True)
         else:
             _print_summary(summary)
-    _shutdown()
     return 0
-
-
-def _shutdown() -> None:
-    # Leaving gloo's process group to interpreter teardown can abort the process
-    # ("terminate called without an active exception"); close it explicitly.
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def _load(args):

@@ -13,6 +13,7 @@ rank-zero checkpointing are inherited) around :class:`~lightning_fullgraph.engin
 * ``predict_step``: returns node predictions in global node order on every rank;
 * ``teardown``: reverts the model to its original form.
 """
+import atexit
 import logging
 import os
 from datetime import timedelta
@@ -29,6 +30,15 @@ from ..engine import Codec, FullGraphEngine
 __all__ = ["FullGraphStrategy"]
 
 log = logging.getLogger(__name__)
+
+
+def _close_process_group() -> None:
+    # gloo's threads left to C++ static destruction can abort the interpreter at exit
+    # ("terminate called without an active exception"); Lightning keeps the group
+    # open between fit/test/predict, so it is closed here, once, at exit.
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class FullGraphStrategy(DDPStrategy):
@@ -88,6 +98,8 @@ class FullGraphStrategy(DDPStrategy):
     # -- environment -----------------------------------------------------------------
     def setup_environment(self) -> None:
         super().setup_environment()
+        atexit.unregister(_close_process_group)  # once, however many Trainers ran
+        atexit.register(_close_process_group)
         if self.root_device.type == "cpu":
             # Processes on one node share its cores; oversubscription slows every rank.
             threads = self.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
