@@ -412,7 +412,10 @@ std::vector<torch::Tensor> csr_max(torch::Tensor rowptr, torch::Tensor col,
   auto arg = pool::empty({n, F}, x.options().dtype(torch::kInt64));
   if (n == 0 || F == 0) return {out, arg};
   torch::Tensor w;
-  if (weight.has_value() && weight->defined()) w = weight->to(x.scalar_type()).contiguous();
+  if (weight.has_value() && weight->defined()) {
+    w = weight->to(x.scalar_type()).contiguous();
+    TORCH_CHECK(w.numel() == col.numel(), "weight must have one entry per edge");
+  }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "csr_max", [&] {
     AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "csr_max_idx", [&] {
       const int64_t* rp = rowptr.data_ptr<int64_t>();
