@@ -56,9 +56,6 @@ class HaloExchange:
         self.world_size = world
         self.codec = codec if codec is not None else IdentityCodec()
         self.stats = CommStats()
-        #: Last received halo per exchange point; stale/cached policies read it.
-        self.halo_buffers = {}
-        self.keep_buffers = False
 
     @classmethod
     def from_partition(cls, partition, group: Optional[Any] = None,
@@ -114,10 +111,7 @@ class HaloExchange:
 
     def _forward_rows(self, x_own: Tensor, key: str) -> Tensor:
         send = x_own.index_select(0, self.send_index)
-        halo = self._all_to_all(send, self.send_counts, self.halo_counts, key, "forward")
-        if self.keep_buffers:
-            self.halo_buffers[key] = halo.detach()
-        return halo
+        return self._all_to_all(send, self.send_counts, self.halo_counts, key, "forward")
 
     def _backward_rows(self, grad_halo: Tensor, key: str) -> Tensor:
         return self._all_to_all(grad_halo, self.halo_counts, self.send_counts, key,
