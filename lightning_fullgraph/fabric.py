@@ -32,8 +32,8 @@ def launch(fabric: Any) -> Any:
     One script then works both as ``fabric run ... script.py`` and as
     ``python script.py`` with devices set in code.
     """
-    from lightning.fabric.connector import _is_using_cli
-    if not _is_using_cli():
+    from .compat import fabric_is_using_cli
+    if not fabric_is_using_cli():
         fabric.launch()
     return fabric
 
@@ -42,7 +42,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
                     cache_dir: Optional[str] = None, seed: int = 0,
                     kernels: Optional[str] = "auto", codec: Optional[Codec] = None,
                     trusted_layers: Iterable[Type[torch.nn.Module]] = (),
-                    loss_mask: str = "train_mask") -> FullGraphEngine:
+                    loss_mask: str = "train_mask",
+                    timeout: Optional[float] = None) -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
     :obj:`model` to it.
 
@@ -56,6 +57,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         codec (Codec, optional): Wire codec of the halo exchange.
         trusted_layers (Iterable[type]): Extra layer classes declared exact.
         loss_mask (str): Mask whose mean the loss is.
+        timeout (float, optional): Collective timeout (seconds) of the engine's own
+            process group; Fabric's group (start-up, its collectives) keeps its timeout.
 
     Returns:
         The :class:`~lightning_fullgraph.engine.FullGraphEngine`; its ``data`` is the
@@ -73,7 +76,13 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
             path = str(partition_graph(data, fabric.world_size, root=cache_dir, seed=seed))
     path = fabric.broadcast(path, src=0)
     partition = load_partition(path, fabric.global_rank, num_parts=fabric.world_size)
-    engine = FullGraphEngine(partition, codec=codec, loss_mask=loss_mask)
+    group = None
+    if timeout is not None and fabric.world_size > 1:
+        import torch.distributed as dist
+        from datetime import timedelta
+        group = dist.new_group(timeout=timedelta(seconds=float(timeout)))
+    engine = FullGraphEngine(partition, group=group, codec=codec, loss_mask=loss_mask,
+                             timeout=timeout)
     model.to(fabric.device)
     engine.to(fabric.device)
     engine.attach(model, trusted_layers=trusted_layers)

@@ -5,19 +5,44 @@ process group in each, runs ``fn(rank, world_size, *args)`` and returns the
 per-rank results in rank order.  An exception in any rank is re-raised in the
 caller with that rank's traceback; the other ranks are terminated, never left
 waiting.
+
+:func:`run_outcomes` instead waits for *every* rank to finish, fail or die (up to a
+deadline) and returns what happened to each, with the time it happened: fault-injection
+tests use it to check that every surviving rank raises, and when.
 """
 import os
 import queue as queue_module
 import time
 import socket
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["run_distributed", "free_port"]
+__all__ = ["run_distributed", "run_outcomes", "RankOutcome", "free_port"]
+
+
+@dataclass
+class RankOutcome:
+    r"""What happened to one rank in :func:`run_outcomes`.
+
+    Attributes:
+        rank (int): The rank.
+        status (str): ``"returned"``, ``"raised"`` (``value`` is the traceback),
+            ``"died"`` (exited without a result; ``exitcode`` says how) or ``"hung"``
+            (still running at the deadline; it was then terminated).
+        value (Any): The return value or the formatted traceback.
+        exitcode (int, optional): Process exit code when known.
+        seconds (float): When the outcome was observed, since the start.
+    """
+    rank: int
+    status: str
+    value: Any = None
+    exitcode: Optional[int] = None
+    seconds: float = 0.0
 
 
 def free_port() -> int:
@@ -94,3 +119,58 @@ def run_distributed(fn: Callable, world_size: int, *args: Any,
     if errors:
         raise RuntimeError("\n".join(errors))
     return [results[r] for r in range(world_size)]
+
+
+def run_outcomes(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0,
+                 deadline_s: Optional[float] = None) -> List[RankOutcome]:
+    r"""Runs :obj:`fn` like :func:`run_distributed` and reports every rank's outcome.
+
+    Nothing is terminated early: each rank is observed until it returns, raises or dies,
+    and ranks still running after :obj:`deadline_s` are reported as ``"hung"``.
+
+    Args:
+        fn (Callable): A module-level function ``fn(rank, world_size, *args)``.
+        world_size (int): Number of processes.
+        *args: Extra arguments (picklable).
+        timeout_s (float): Collective timeout of the process group.
+        deadline_s (float, optional): When to give up on a rank (default
+            ``timeout_s + 60``).
+
+    Returns:
+        One :class:`RankOutcome` per rank, in rank order.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, timeout_s, fn, args, queue),
+                         daemon=True) for r in range(world_size)]
+    start = time.monotonic()
+    for p in procs:
+        p.start()
+    deadline = start + (timeout_s + 60 if deadline_s is None else deadline_s)
+    outcomes = {}
+    try:
+        while len(outcomes) < world_size and time.monotonic() < deadline:
+            try:
+                rank, ok, payload = queue.get(timeout=0.2)
+                outcomes[rank] = RankOutcome(rank, "returned" if ok else "raised", payload,
+                                             seconds=time.monotonic() - start)
+                continue
+            except queue_module.Empty:
+                pass
+            for r, p in enumerate(procs):
+                if r not in outcomes and p.exitcode not in (None, 0) and queue.empty():
+                    outcomes[r] = RankOutcome(r, "died", None, p.exitcode,
+                                              seconds=time.monotonic() - start)
+    finally:
+        for r, p in enumerate(procs):
+            p.join(timeout=1 if r in outcomes else 0.1)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if r not in outcomes:
+                outcomes[r] = RankOutcome(r, "hung", None, p.exitcode,
+                                          seconds=time.monotonic() - start)
+            elif outcomes[r].exitcode is None:
+                outcomes[r].exitcode = p.exitcode
+    return [outcomes[r] for r in range(world_size)]

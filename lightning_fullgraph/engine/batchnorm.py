@@ -14,10 +14,11 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from .errors import guarded
 
 __all__ = ["DistributedBatchNorm", "convert_batchnorm", "revert_batchnorm"]
 
@@ -42,10 +43,12 @@ class DistributedBatchNorm(_BatchNorm):
         if input.dim() not in (2, 3):
             raise ValueError(f"expected 2D or 3D input (got {input.dim()}D input)")
 
+    # Excluded from torch.compile tracing: an eager collective, one graph break.
+    @torch.compiler.disable
     def _all_reduce(self, t: Tensor) -> Tensor:
         if not dist.is_initialized() or dist.get_world_size(self.group) == 1:
             return t
-        return dist_fn.all_reduce(t, group=self.group)
+        return _AllReduceSum.apply(t, self.group)
 
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
@@ -79,6 +82,27 @@ class DistributedBatchNorm(_BatchNorm):
         if input.dim() == 3:
             out = out.reshape(input.size(0), input.size(2), -1).transpose(1, -1)
         return out
+
+
+class _AllReduceSum(torch.autograd.Function):
+    r"""Sum over ranks; its gradient is the sum over ranks of the upstream gradients."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, group) -> Tensor:
+        ctx.group = group
+        return _reduce(t.clone(), group, "forward")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _reduce(grad.contiguous().clone(), ctx.group, "backward"), None
+
+
+def _reduce(t: Tensor, group, direction: str) -> Tensor:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    with guarded(f"BatchNorm statistics all-reduce ({direction})", rank,
+                 [r for r in range(world) if r != rank]):
+        dist.all_reduce(t, group=group)
+    return t
 
 
 def _swap(parent: torch.nn.Module, name: str, new: torch.nn.Module, old: torch.nn.Module) -> None:

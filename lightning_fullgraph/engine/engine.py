@@ -22,7 +22,7 @@ from torch_geometric.data import Data
 from .codec import Codec
 from .exchange import HaloExchange
 from .gather import gather_nodes
-from .gradients import all_reduce_gradients, broadcast_parameters, loss_weight
+from .gradients import all_reduce_gradients, broadcast_parameters, loss_weight, reduce_backward
 from .partitioned import PartitionedModel, partition_model
 
 __all__ = ["FullGraphEngine"]
@@ -37,13 +37,18 @@ class FullGraphEngine:
         codec (Codec, optional): Wire codec of the halo exchange.
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
+        timeout (float or timedelta, optional): The collective timeout of
+            :obj:`group`, named in error messages (the group enforces it: create it
+            with ``dist.new_group(timeout=...)`` or ``init_process_group(timeout=...)``).
     """
 
     def __init__(self, partition, group: Optional[Any] = None, codec: Optional[Codec] = None,
-                 loss_mask: str = "train_mask") -> None:
+                 loss_mask: str = "train_mask", timeout: Optional[Any] = None) -> None:
         self.partition = partition
         self.group = group
-        self.exchange = HaloExchange.from_partition(partition, group=group, codec=codec)
+        self.timeout = timeout
+        self.exchange = HaloExchange.from_partition(partition, group=group, codec=codec,
+                                                    timeout=timeout)
         self.loss_mask = loss_mask
         self._model: Optional[PartitionedModel] = None
         self._data: Optional[Data] = None
@@ -124,16 +129,31 @@ class FullGraphEngine:
         return loss * w
 
     def all_reduce_gradients(self, params: Iterable[Tensor]) -> None:
-        all_reduce_gradients(params, group=self.group)
+        r"""Sums the ``.grad`` of :obj:`params` over ranks (see
+        :func:`~lightning_fullgraph.engine.all_reduce_gradients`)."""
+        all_reduce_gradients(params, group=self.group, timeout=self.timeout)
+
+    def reduce_backward(self, run_backward, params: Optional[Iterable[Tensor]] = None):
+        r"""Runs :obj:`run_backward` and sums over ranks only the gradients it added
+        (see :func:`~lightning_fullgraph.engine.reduce_backward`)."""
+        return reduce_backward(run_backward, self._params(params), group=self.group,
+                               timeout=self.timeout)
 
     def backward(self, loss: Tensor, params: Optional[Iterable[Tensor]] = None) -> None:
-        r"""Scales :obj:`loss`, back-propagates, and sums gradients over ranks."""
-        self.scale_loss(loss).backward()
-        if params is None:
-            if self._model is None:
-                raise RuntimeError("backward() needs params or an attached model")
-            params = self._model.model.parameters()
-        self.all_reduce_gradients(params)
+        r"""Scales :obj:`loss`, back-propagates, and sums the new gradients over ranks.
+
+        Calling it several times before an optimizer step accumulates gradients as
+        repeated ``loss.backward()`` calls do on one process.
+        """
+        scaled = self.scale_loss(loss)
+        self.reduce_backward(scaled.backward, params)
+
+    def _params(self, params: Optional[Iterable[Tensor]]) -> Iterable[Tensor]:
+        if params is not None:
+            return params
+        if self._model is None:
+            raise RuntimeError("backward() needs params or an attached model")
+        return self._model.model.parameters()
 
     def gather(self, local: Tensor) -> Tensor:
         r"""Per-rank node rows → global node order (on every rank)."""

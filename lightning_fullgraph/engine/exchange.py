@@ -7,6 +7,11 @@ rows ``[N_own, *]`` into ``[N_own + N_halo, *]`` with one
 owners with the transposed ``all_to_all_single`` (backward), where they are added
 to the owners' own gradients.  Rows cross the wire through a :class:`Codec`, and
 every call is counted in :class:`CommStats`.
+
+Every collective is :func:`~.errors.guarded`: a dead or stuck peer raises a
+:class:`~.errors.CollectiveError` naming the exchange point, the peers and the timeout.
+:meth:`HaloExchange.extend` is excluded from ``torch.compile`` tracing (a graph break), so a
+compiled model exchanges halo rows exactly as an eager one.
 """
 import math
 import time
@@ -17,6 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .codec import Codec, IdentityCodec
+from .errors import guarded
 from .stats import CommStats
 
 __all__ = ["HaloExchange"]
@@ -35,11 +41,13 @@ class HaloExchange:
             order of the rank's halo.
         group (ProcessGroup, optional): Process group (default: the world).
         codec (Codec, optional): Wire codec (default: :class:`IdentityCodec`).
+        timeout (float or timedelta, optional): The group's collective timeout, named in
+            error messages (the group itself enforces it).
     """
 
     def __init__(self, num_owned: int, send_index: Tensor, send_counts: Tensor,
                  halo_counts: Tensor, group: Optional[Any] = None,
-                 codec: Optional[Codec] = None) -> None:
+                 codec: Optional[Codec] = None, timeout: Optional[Any] = None) -> None:
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if send_counts.numel() != world or halo_counts.numel() != world:
             raise ValueError(
@@ -54,21 +62,28 @@ class HaloExchange:
         self.halo_counts = [int(c) for c in halo_counts]
         self.group = group
         self.world_size = world
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.timeout = timeout
         self.codec = codec if codec is not None else IdentityCodec()
         self.stats = CommStats()
+        # Ranks this rank exchanges rows with (named when a collective fails).
+        self.peers = tuple(r for r in range(world)
+                           if self.send_counts[r] > 0 or self.halo_counts[r] > 0)
 
     @classmethod
     def from_partition(cls, partition, group: Optional[Any] = None,
-                       codec: Optional[Codec] = None) -> "HaloExchange":
+                       codec: Optional[Codec] = None,
+                       timeout: Optional[Any] = None) -> "HaloExchange":
         r"""Builds the exchange of a :class:`~lightning_fullgraph.partition.LocalPartition`."""
         return cls(partition.num_owned, partition.send_index, partition.send_counts,
-                   partition.halo_counts, group=group, codec=codec)
+                   partition.halo_counts, group=group, codec=codec, timeout=timeout)
 
     @property
     def num_local(self) -> int:
         r"""Rows of an extended tensor: owned plus halo."""
         return self.num_owned + self.num_halo
 
+    @torch.compiler.disable
     def extend(self, x: Tensor, key: str = "x", dim: int = 0) -> Tensor:
         r"""Appends the halo rows to a tensor of owned rows.
 
@@ -100,8 +115,10 @@ class HaloExchange:
         n_out = sum(out_splits)
         recv = wire.new_empty((n_out, ) + tuple(wire.shape[1:]))
         if self.world_size > 1:
-            dist.all_to_all_single(recv, wire, output_split_sizes=out_splits,
-                                   input_split_sizes=in_splits, group=self.group)
+            with guarded(f"halo exchange '{key}' ({direction})", self.rank, self.peers,
+                         self.timeout):
+                dist.all_to_all_single(recv, wire, output_split_sizes=out_splits,
+                                       input_split_sizes=in_splits, group=self.group)
         out = self.codec.decode(recv, ctx, flat.size(1), key)
         row_bytes = math.prod(wire.shape[1:]) * wire.element_size()
         self.stats.record(key, direction, bytes_sent=sum(in_splits) * row_bytes,

@@ -5,6 +5,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .errors import guarded
+
 __all__ = ["gather_nodes"]
 
 
@@ -30,19 +32,22 @@ def gather_nodes(local: Tensor, owned_ids: Tensor, num_nodes: int,
         out[owned_ids] = local
         return out
     world = dist.get_world_size(group)
-    counts = torch.tensor([local.size(0)], dtype=torch.long)
+    rank = dist.get_rank(group)
+    counts = torch.tensor([local.size(0)], dtype=torch.long, device=local.device)
     all_counts = [torch.zeros_like(counts) for _ in range(world)]
-    dist.all_gather(all_counts, counts, group=group)
+    with guarded("gather of node rows (sizes)", rank, range(world)):
+        dist.all_gather(all_counts, counts, group=group)
     longest = int(max(c.item() for c in all_counts))
     pad = longest - local.size(0)
     rows = torch.cat([local, local.new_zeros((pad, ) + tuple(local.shape[1:]))])
-    ids = torch.cat([owned_ids, owned_ids.new_full((pad, ), -1)])
+    ids = torch.cat([owned_ids, owned_ids.new_full((pad, ), -1)]).to(local.device)
     all_rows = [torch.empty_like(rows) for _ in range(world)]
     all_ids = [torch.empty_like(ids) for _ in range(world)]
-    dist.all_gather(all_rows, rows.contiguous(), group=group)
-    dist.all_gather(all_ids, ids, group=group)
+    with guarded("gather of node rows", rank, range(world)):
+        dist.all_gather(all_rows, rows.contiguous(), group=group)
+        dist.all_gather(all_ids, ids.to(local.device), group=group)
     out = local.new_zeros((num_nodes, ) + tuple(local.shape[1:]))
     for rows_r, ids_r, c in zip(all_rows, all_ids, all_counts):
         n = int(c.item())
-        out[ids_r[:n]] = rows_r[:n]
+        out[ids_r[:n].to(out.device)] = rows_r[:n]
     return out

@@ -10,9 +10,9 @@ PyG's convolutions call ``gcn_norm`` from their module namespaces
 (``sg_conv.gcn_norm``, ``appnp.gcn_norm``, ...).  :func:`patch_gcn_norm` swaps
 each of those references for a dispatcher that runs the distributed version
 while a partitioned layer is executing and PyG's own otherwise; it is reference
-counted and undone by :func:`unpatch_gcn_norm`.
+counted and undone by :func:`unpatch_gcn_norm`.  Inside a partitioned layer a sparse
+adjacency is refused (PyG's local normalization would use wrong halo degrees).
 """
-import sys
 from typing import List, Optional, Tuple
 
 import torch
@@ -20,6 +20,7 @@ from torch import Tensor
 from torch_geometric.nn.conv import gcn_conv
 from torch_geometric.utils import add_remaining_self_loops, scatter
 
+from .. import compat
 from .context import current_layer
 
 __all__ = ["distributed_gcn_norm", "patch_gcn_norm", "unpatch_gcn_norm"]
@@ -68,12 +69,17 @@ def _layer_key() -> str:
     return layer.key if layer is not None else "gcn_norm"
 
 
+# Not traced by torch.compile: the active layer lives in a thread-local stack, and the
+# halo degrees need the (eager) exchange.
+@torch.compiler.disable
 def _dispatch_gcn_norm(edge_index, edge_weight=None, num_nodes=None, improved=False,
                        add_self_loops=True, flow="source_to_target", dtype=None):
     layer = current_layer()
-    if layer is None or not isinstance(edge_index, Tensor) or edge_index.is_sparse:
+    if layer is None:
         return _pyg_gcn_norm(edge_index, edge_weight, num_nodes, improved,
                              add_self_loops, flow, dtype)
+    from .partitioned import check_dense_edge_index
+    check_dense_edge_index(edge_index, layer.key)
     if flow != "source_to_target":
         raise ValueError(f"layer '{layer.key}': flow='{flow}' is not supported by "
                          "partitioned execution (ranks hold in-edges of their nodes)")
@@ -91,13 +97,9 @@ def patch_gcn_norm() -> None:
     _patch_count += 1
     if _patch_count > 1:
         return
-    for module in list(sys.modules.values()):
-        name = getattr(module, "__name__", "")
-        if not name.startswith("torch_geometric"):
-            continue
-        if getattr(module, "gcn_norm", None) is _pyg_gcn_norm:
-            setattr(module, "gcn_norm", _dispatch_gcn_norm)
-            _patched.append((module, "gcn_norm"))
+    for module in compat.modules_binding(_pyg_gcn_norm):
+        setattr(module, "gcn_norm", _dispatch_gcn_norm)
+        _patched.append((module, "gcn_norm"))
 
 
 def unpatch_gcn_norm() -> None:

@@ -9,8 +9,9 @@ path untouched.
 
 Composition with ``_propagate_forward_pre_hooks`` (the distributed engine replaces ``x``
 with ``(x_with_halo, x_own)`` and ``size`` with ``(N_src, N_dst)``): the wrapper runs the
-pre-hooks itself (not while compiling, like PyG), aggregates over the possibly rectangular
-graph, then runs ``update`` and ``_propagate_forward_hooks``. Calls it does not handle go
+pre-hooks itself (also under ``torch.compile``, through a graph break, where PyG would skip
+them and lose e.g. the engine's halo rows), aggregates over the possibly rectangular
+graph, then runs ``update`` and the propagate forward hooks. Calls it does not handle go
 to PyG's ``propagate`` unchanged; if a pre-hook makes a call unsupported, PyG's
 ``propagate`` runs with the pre-hooks suppressed, so hooks never run twice.
 """
@@ -19,11 +20,12 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from .. import compat
 from . import backend as _backend
 from .functional import aggregate
 
@@ -116,10 +118,9 @@ def _module_supported(module) -> bool:
     if module.explain or getattr(module, "decomposed_layers", 1) != 1:
         return False
     # Hooks on message/aggregate level would be skipped by the kernel path.
-    for name in ("_message_forward_pre_hooks", "_message_forward_hooks", "_aggregate_forward_pre_hooks",
-                 "_aggregate_forward_hooks", "_message_and_aggregate_forward_pre_hooks",
-                 "_message_and_aggregate_forward_hooks"):
-        if len(getattr(module, name, ())) > 0:
+    for kind in ("message_pre", "message", "aggregate_pre", "aggregate",
+                 "message_and_aggregate_pre", "message_and_aggregate"):
+        if len(compat.hook_dicts(module, kind)) > 0:
             return False
     return True
 
@@ -183,7 +184,6 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
         if (args or requested is None or spec is None or not _module_supported(mod)
                 or not _call_supported(mod, spec, edge_index, kwargs)):
             return original(edge_index, *args, size=size, **kwargs)
-        from torch_geometric import is_compiling
 
         x = kwargs[spec.x]
         be = _backend.resolve(requested, (x[0] if isinstance(x, (tuple, list)) else x).device)
@@ -191,11 +191,8 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
             return original(edge_index, size=size, **kwargs)
         if spec.weight and spec.weight not in kwargs:
             kwargs = {**kwargs, spec.weight: None}  # hooks see every argument, as in PyG's template
-        if not is_compiling():
-            for hook in mod._propagate_forward_pre_hooks.values():
-                res = hook(mod, (edge_index, size, kwargs))
-                if res is not None:
-                    edge_index, size, kwargs = res
+        if len(compat.hook_dicts(mod, "propagate_pre")) > 0:
+            edge_index, size, kwargs = _run_pre_hooks(mod, edge_index, size, kwargs)
         # The pre-hooks may have changed the call; re-check without re-running them.
         if not _call_supported(mod, spec, edge_index, kwargs):
             return _original_without_pre_hooks(mod, original, edge_index, size, kwargs)
@@ -208,7 +205,7 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
         weight = kwargs.get(spec.weight) if spec.weight else None
         out = aggregate(x_src, edge_index, weight, _reduce_of(mod), n_dst, num_src=n_src, backend=be)
         out = mod.update(out)
-        for hook in mod._propagate_forward_hooks.values():
+        for hook in compat.hook_dicts(mod, "propagate").values():
             res = hook(mod, (edge_index, [n_src, n_dst], kwargs), out)
             if res is not None:
                 out = res
@@ -219,13 +216,25 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
     return propagate
 
 
+# Eager on purpose: pre-hooks may run collectives or read thread-local state (the
+# distributed engine does both), which torch.compile must not trace or skip.
+@torch.compiler.disable
+def _run_pre_hooks(mod, edge_index, size, kwargs):
+    for hook in compat.hook_dicts(mod, "propagate_pre").values():
+        res = hook(mod, (edge_index, size, kwargs))
+        if res is not None:
+            edge_index, size, kwargs = res
+    return edge_index, size, kwargs
+
+
+@torch.compiler.disable
 def _original_without_pre_hooks(mod, original, edge_index, size, kwargs):
-    saved = mod._propagate_forward_pre_hooks
-    mod._propagate_forward_pre_hooks = OrderedDict()
+    saved = compat.hook_dicts(mod, "propagate_pre")
+    compat.set_hook_dict(mod, "propagate_pre", OrderedDict())
     try:
         return original(edge_index, size=size, **kwargs)
     finally:
-        mod._propagate_forward_pre_hooks = saved
+        compat.set_hook_dict(mod, "propagate_pre", saved)
 
 
 _MISSING = object()

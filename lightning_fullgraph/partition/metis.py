@@ -39,9 +39,9 @@ def _metis_kway_ctypes():
         import ctypes
 
         import pymetis
-        from pymetis import _internal
 
-        lib = ctypes.CDLL(_internal.__file__)
+        from ..compat import pymetis_extension_path
+        lib = ctypes.CDLL(pymetis_extension_path())
         kway, defaults = lib.METIS_PartGraphKway, lib.METIS_SetDefaultOptions
         dtype = pymetis.zero_copy_dtype()
     except (ImportError, OSError, AttributeError, ValueError):
@@ -63,7 +63,8 @@ def _part_graph_multi(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray
     if api is None:
         return None
     kway, defaults, dtype, ptr = api
-    from pymetis._internal import options_indices
+    from ..compat import pymetis_option_indices
+    options_indices = pymetis_option_indices()
 
     def arr(a):
         return np.ascontiguousarray(a, dtype=dtype)
@@ -217,6 +218,9 @@ def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int, *,
         return torch.zeros(num_nodes, dtype=torch.long)
 
     import pymetis  # local import: only needed when actually partitioning
+
+    from ..compat import require
+    require("pymetis")  # its extension module is reached into below
 
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index must have shape [2, E] (got {tuple(edge_index.shape)})")

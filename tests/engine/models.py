@@ -20,7 +20,14 @@ LAYERS = {
     "appnp": lambda: APPNP(K=3, alpha=0.1),
     "gcn2": lambda: GCN2Conv(HIDDEN, alpha=0.1, theta=0.5, layer=1),
     "tag": lambda: TAGConv(HIDDEN, HIDDEN, K=2),
+    # Edge features through the engine: weights and attributes travel with the in-edges.
+    "gcn_weighted": lambda: GCNConv(HIDDEN, HIDDEN),
+    "graph_weighted": lambda: GraphConv(HIDDEN, HIDDEN),
+    "gat_edge_attr": lambda: GATConv(HIDDEN, HIDDEN // 2, heads=2, edge_dim=EDGE_DIM),
 }
+EDGE_DIM = 3
+USES_EDGE_WEIGHT = {"gcn_weighted", "graph_weighted"}
+USES_EDGE_ATTR = {"gat_edge_attr"}
 
 
 class Net(nn.Module):
@@ -41,14 +48,21 @@ class Net(nn.Module):
         self.conv2 = LAYERS[kind]()
         self.lin_out = nn.Linear(HIDDEN, out_channels)
 
-    def _conv(self, conv, x, x0, edge_index):
-        return conv(x, x0, edge_index) if self.kind == "gcn2" else conv(x, edge_index)
+    def _conv(self, conv, x, x0, edge_index, edge_weight, edge_attr):
+        if self.kind == "gcn2":
+            return conv(x, x0, edge_index)
+        if self.kind in USES_EDGE_WEIGHT:
+            return conv(x, edge_index, edge_weight)
+        if self.kind in USES_EDGE_ATTR:
+            return conv(x, edge_index, edge_attr)
+        return conv(x, edge_index)
 
-    def forward(self, x, edge_index):
+    def forward(self, x, edge_index, edge_weight=None, edge_attr=None):
         x = self.bn(self.lin_in(x)).relu()
         x0 = x
-        x = self.dropout(self._conv(self.conv1, x, x0, edge_index).relu())
-        return self.lin_out(self._conv(self.conv2, x, x0, edge_index))
+        x = self._conv(self.conv1, x, x0, edge_index, edge_weight, edge_attr).relu()
+        x = self.dropout(x)
+        return self.lin_out(self._conv(self.conv2, x, x0, edge_index, edge_weight, edge_attr))
 
 
 def skewed_graph(num_nodes: int = 120, num_features: int = 8, num_classes: int = 4,
@@ -65,5 +79,8 @@ def skewed_graph(num_nodes: int = 120, num_features: int = 8, num_classes: int =
     y = torch.randint(0, num_classes, (num_nodes, ), generator=g)
     train_mask = torch.rand(num_nodes, generator=g) < 0.5
     val_mask = ~train_mask & (torch.rand(num_nodes, generator=g) < 0.5)
+    num_edges = edge_index.size(1)
     return Data(x=x, edge_index=edge_index, y=y, train_mask=train_mask, val_mask=val_mask,
-                test_mask=~train_mask & ~val_mask)
+                test_mask=~train_mask & ~val_mask,
+                edge_weight=torch.rand(num_edges, generator=g) + 0.5,
+                edge_attr=torch.randn(num_edges, EDGE_DIM, generator=g))

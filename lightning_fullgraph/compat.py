@@ -1,0 +1,204 @@
+r"""Every access to private internals of PyG, Lightning and pymetis, in one place.
+
+The engine hooks into unmodified PyG layers and overrides parts of Lightning's loop, which
+needs a few attributes that those projects do not promise to keep (PyG's ``_user_args``,
+its hook dictionaries, the module namespaces that hold ``gcn_norm``; Lightning's signal
+connector, random-state helpers and CLI detection; pymetis' extension module).  They are
+reached only through the functions below, and :func:`require` checks that the installed
+version is one this release was tested with, so an upgrade fails at import with a message
+that says what to do instead of failing (or silently misbehaving) in the middle of training.
+
+Set ``LIGHTNING_FULLGRAPH_ALLOW_UNTESTED=1`` to turn the version error into a warning.
+"""
+import os
+import re
+import sys
+import warnings
+from importlib import metadata
+from types import ModuleType
+from typing import Any, Callable, Dict, Iterator, Set, Tuple
+
+__all__ = [
+    "TESTED_VERSIONS", "UntestedVersionError", "require", "installed_version",
+    "propagate_source_args", "edge_update_source_args", "hook_dicts", "set_hook_dict",
+    "modules_binding",
+    "fabric_is_using_cli", "fabric_run_command", "signal_connector", "collect_rng_states", "set_rng_states",
+    "pymetis_extension_path", "pymetis_option_indices",
+]
+
+#: ``package -> (lowest tested, first untested)``: versions ``>= low`` and ``< high`` pass.
+#: Keep in sync with ``pyproject.toml``.
+TESTED_VERSIONS: Dict[str, Tuple[str, str]] = {
+    "torch_geometric": ("2.8", "2.9"),
+    "lightning": ("2.6", "2.7"),
+    "pymetis": ("2025.1", "2026"),
+}
+
+_ALLOW_ENV = "LIGHTNING_FULLGRAPH_ALLOW_UNTESTED"
+_DIST_NAMES = {"torch_geometric": "torch_geometric", "lightning": "lightning", "pymetis": "pymetis"}
+_checked: Set[str] = set()
+
+
+class UntestedVersionError(ImportError):
+    r"""An installed dependency is outside the versions this release was tested with."""
+
+
+def _parse(version: str) -> Tuple[int, ...]:
+    # Leading numeric components only: "2.8.1", "2.9.0rc1" -> (2, 9, 0), "2025.2.2".
+    parts = []
+    for piece in version.split("."):
+        match = re.match(r"\d+", piece)
+        if match is None:
+            break
+        parts.append(int(match.group()))
+    return tuple(parts)
+
+
+def installed_version(package: str) -> str:
+    r"""Version string of an installed distribution (``"0"`` if it has no metadata)."""
+    try:
+        return metadata.version(_DIST_NAMES.get(package, package))
+    except metadata.PackageNotFoundError:
+        module = sys.modules.get(package)
+        return str(getattr(module, "__version__", "0"))
+
+
+def require(package: str) -> None:
+    r"""Checks that :obj:`package` has a version this release was tested with.
+
+    Raises:
+        UntestedVersionError: naming the installed and the tested versions and the fix,
+            unless ``LIGHTNING_FULLGRAPH_ALLOW_UNTESTED=1`` is set (then a warning).
+    """
+    if package in _checked:
+        return
+    low, high = TESTED_VERSIONS[package]
+    found = installed_version(package)
+    if _parse(low) <= _parse(found) < _parse(high):
+        _checked.add(package)
+        return
+    message = (
+        f"lightning-fullgraph uses internals of {package} and was tested with "
+        f"{package}>={low},<{high}, but {found} is installed. Install a tested version "
+        f"(pip install '{package}>={low},<{high}') or set {_ALLOW_ENV}=1 to try this one "
+        "at your own risk.")
+    if os.environ.get(_ALLOW_ENV, "").lower() in ("1", "true", "yes"):
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        _checked.add(package)
+        return
+    raise UntestedVersionError(message)
+
+
+# -- PyG -----------------------------------------------------------------------------------
+def propagate_source_args(layer: Any) -> Set[str]:
+    r"""Names of ``propagate`` arguments a layer reads per *source* node (``x`` for ``x_j``).
+
+    PyG's inspector stores the ``message``/``aggregate``/``update`` arguments in
+    ``_user_args``; those ending in ``_j`` are gathered from source rows.
+    """
+    return {n[:-2] for n in layer._user_args if n.endswith("_j")}
+
+
+def edge_update_source_args(layer: Any) -> Set[str]:
+    r"""As :func:`propagate_source_args` for ``edge_updater`` (``alpha`` for ``alpha_j``)."""
+    return {n[:-2] for n in layer._edge_user_args if n.endswith("_j")}
+
+
+def hook_dicts(layer: Any, kind: str) -> Dict[Any, Callable]:
+    r"""One of a ``MessagePassing`` layer's hook dictionaries.
+
+    Args:
+        kind (str): ``"propagate_pre"``, ``"propagate"``, ``"message_pre"``, ``"message"``,
+            ``"aggregate_pre"``, ``"aggregate"``, ``"message_and_aggregate_pre"``,
+            ``"message_and_aggregate"``, ``"edge_update_pre"`` or ``"edge_update"``.
+    """
+    name = kind[:-4] + "_forward_pre_hooks" if kind.endswith("_pre") else kind + "_forward_hooks"
+    return getattr(layer, "_" + name)
+
+
+def set_hook_dict(layer: Any, kind: str, hooks: Dict[Any, Callable]) -> None:
+    r"""Replaces a hook dictionary (used to run PyG's ``propagate`` without its pre-hooks)."""
+    name = kind[:-4] + "_forward_pre_hooks" if kind.endswith("_pre") else kind + "_forward_hooks"
+    setattr(layer, "_" + name, hooks)
+
+
+def modules_binding(function: Callable, prefix: str = "torch_geometric") -> Iterator[ModuleType]:
+    r"""Loaded modules under :obj:`prefix` whose global ``function.__name__`` is :obj:`function`.
+
+    PyG's convolutions call ``gcn_norm`` through their own module globals
+    (``sg_conv.gcn_norm``, ...), so rebinding those names is how a distributed version
+    reaches them without editing PyG.
+    """
+    name = function.__name__
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith(prefix) \
+                and getattr(module, name, None) is function:
+            yield module
+
+
+# -- Lightning -------------------------------------------------------------------------------
+def fabric_is_using_cli() -> bool:
+    r"""Whether the process was started by ``fabric run`` (Lightning's launcher sets env vars)."""
+    require("lightning")
+    from lightning.fabric.connector import _is_using_cli
+    return bool(_is_using_cli())
+
+
+def fabric_run_command() -> Any:
+    r"""The click command behind ``fabric run`` (``lightning.fabric.cli._main``'s ``run``);
+    :obj:`None` when click, which Lightning does not require, is not installed."""
+    require("lightning")
+    try:
+        import click  # noqa: F401
+    except ImportError:
+        return None
+    from lightning.fabric import cli
+    group = getattr(cli, "_main", None)  # defined only when Lightning found click
+    command = group.commands.get("run") if group is not None else None
+    if command is None:
+        low, high = TESTED_VERSIONS["lightning"]
+        raise UntestedVersionError(
+            f"lightning.fabric.cli has no `run` command in lightning {installed_version('lightning')}"
+            f" (lightning-fullgraph was tested with lightning>={low},<{high})")
+    return command
+
+
+def signal_connector(trainer: Any) -> Any:
+    r"""The Trainer's signal connector (``received_sigterm``, SLURM requeue handler)."""
+    require("lightning")
+    return trainer._signal_connector
+
+
+def collect_rng_states() -> Dict[str, Any]:
+    r"""torch (CPU and CUDA), numpy and Python random states, as Lightning collects them."""
+    require("lightning")
+    from lightning.fabric.utilities.seed import _collect_rng_states
+    import torch
+    return _collect_rng_states(include_cuda=torch.cuda.is_available())
+
+
+def set_rng_states(states: Dict[str, Any]) -> None:
+    r"""Inverse of :func:`collect_rng_states`."""
+    require("lightning")
+    from lightning.fabric.utilities.seed import _set_rng_states
+    _set_rng_states(states)
+
+
+# -- pymetis ---------------------------------------------------------------------------------
+def pymetis_extension_path() -> str:
+    r"""File of pymetis' compiled extension, which exports the METIS C API.
+
+    pymetis' Python API always calls METIS with one balance constraint; the multi-constraint
+    partitioner is called through this library's ``METIS_PartGraphKway`` symbol.
+    """
+    require("pymetis")
+    from pymetis import _internal
+    return _internal.__file__
+
+
+def pymetis_option_indices() -> Any:
+    r"""Positions of METIS options (``SEED``, ``UFACTOR``) in the options array."""
+    require("pymetis")
+    from pymetis._internal import options_indices
+    return options_indices
+

@@ -1,0 +1,61 @@
+"""A dead or stuck peer makes every other rank raise a clear error, in bounded time."""
+import os
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch_geometric.nn import GCNConv
+
+from lightning_fullgraph.engine import CollectiveError, FullGraphEngine
+from lightning_fullgraph.partition import build_local_partitions, metis_partition
+from lightning_fullgraph.testing import run_outcomes
+
+from .models import skewed_graph
+
+TIMEOUT = 3.0
+
+
+def _fault(rank, world_size, fault):
+    data = skewed_graph()
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    group = dist.new_group(timeout=timedelta(seconds=TIMEOUT))
+    engine = FullGraphEngine(build_local_partitions(data, parts)[rank], group=group,
+                             timeout=TIMEOUT)
+    model = GCNConv(data.num_features, 4)
+    engine.attach(model)
+    local = engine.data
+    model(local.x, local.edge_index)  # one exchange that works
+    if rank == 1:
+        if fault == "dies":
+            os._exit(3)
+        time.sleep(4 * TIMEOUT)  # stuck, but alive
+    start = time.monotonic()
+    try:
+        model(local.x, local.edge_index)
+    except CollectiveError as error:
+        return dict(message=str(error), seconds=time.monotonic() - start,
+                    timed_out=error.timed_out, peer_failed=error.peer_failed)
+    return "no error"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("fault", ["dies", "stuck"])
+def test_every_survivor_raises_a_clear_error(fault):
+    outcomes = run_outcomes(_fault, 3, fault, timeout_s=60)
+    assert outcomes[1].status == ("died" if fault == "dies" else "returned"), outcomes[1]
+    for outcome in (outcomes[0], outcomes[2]):
+        assert outcome.status == "returned", outcome  # it caught a CollectiveError
+        r = outcome.value
+        assert isinstance(r, dict), r
+        assert "halo exchange 'gcn_norm.degree' (forward)" in r["message"] \
+            or "halo exchange 'GCNConv" in r["message"], r
+        assert f"rank {outcome.rank}:" in r["message"], r
+        if fault == "dies":
+            assert r["peer_failed"] and r["seconds"] < TIMEOUT, r
+            assert "failed or was killed" in r["message"], r
+        else:
+            assert r["timed_out"] and TIMEOUT * 0.9 < r["seconds"] < TIMEOUT + 5, r
+            assert "FullGraphStrategy(timeout=...)" in r["message"], r
+            assert "collective timeout 3 s" in r["message"], r

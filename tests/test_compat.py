@@ -1,0 +1,62 @@
+"""The compatibility module: version checks, and the internals it reaches still exist."""
+import re
+from pathlib import Path
+
+import pytest
+from torch_geometric.nn import GATConv, GCNConv
+
+from lightning_fullgraph import compat
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tested_versions_match_the_declared_bounds():
+    text = (ROOT / "pyproject.toml").read_text()
+    for package, (low, high) in compat.TESTED_VERSIONS.items():
+        assert re.search(rf'"{package}>={re.escape(low)},<{re.escape(high)}"', text), package
+
+
+def test_installed_versions_pass():
+    for package in compat.TESTED_VERSIONS:
+        compat._checked.discard(package)
+        compat.require(package)
+
+
+def test_untested_version_fails_clearly(monkeypatch):
+    monkeypatch.setattr(compat, "installed_version", lambda package: "2.9.0")
+    compat._checked.discard("torch_geometric")
+    with pytest.raises(compat.UntestedVersionError) as info:
+        compat.require("torch_geometric")
+    message = str(info.value)
+    assert "torch_geometric>=2.8,<2.9" in message and "2.9.0 is installed" in message
+    assert "LIGHTNING_FULLGRAPH_ALLOW_UNTESTED=1" in message
+
+
+def test_untested_version_can_be_allowed(monkeypatch):
+    monkeypatch.setattr(compat, "installed_version", lambda package: "2.7.0")
+    monkeypatch.setenv("LIGHTNING_FULLGRAPH_ALLOW_UNTESTED", "1")
+    compat._checked.discard("lightning")
+    with pytest.warns(RuntimeWarning, match="tested with lightning>=2.6,<2.7"):
+        compat.require("lightning")
+    compat._checked.discard("lightning")
+
+
+def test_pyg_internals_are_where_the_engine_expects_them():
+    assert compat.propagate_source_args(GCNConv(4, 4)) == {"x"}
+    gat = GATConv(4, 4)
+    assert compat.propagate_source_args(gat) == {"x"}
+    assert compat.edge_update_source_args(gat) == {"alpha"}
+    for kind in ("propagate_pre", "propagate", "message_pre", "aggregate",
+                 "message_and_aggregate_pre", "edge_update_pre"):
+        assert len(compat.hook_dicts(gat, kind)) == 0
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+    assert any(m.__name__.endswith("sg_conv") for m in compat.modules_binding(gcn_norm))
+
+
+def test_lightning_and_pymetis_internals_exist():
+    assert Path(compat.pymetis_extension_path()).is_file()
+    assert hasattr(compat.pymetis_option_indices(), "SEED")
+    states = compat.collect_rng_states()
+    assert {"torch", "numpy", "python"} <= set(states)
+    compat.set_rng_states(states)
+    assert compat.fabric_is_using_cli() in (True, False)
