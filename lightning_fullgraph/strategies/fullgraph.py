@@ -12,20 +12,34 @@ rank-zero checkpointing are inherited) around :class:`~lightning_fullgraph.engin
   parameter gradients over ranks, which gives the single-process gradient;
 * ``predict_step``: returns node predictions in global node order on every rank;
 * ``teardown``: reverts the model to its original form.
+
+Faults: the engine's collectives run on their own process group whose timeout is the
+strategy's ``timeout``, while start-up (rendezvous, waiting for rank 0 to partition) uses
+``startup_timeout``; a failing collective raises a
+:class:`~lightning_fullgraph.engine.CollectiveError` naming the exchange, the peers and the
+option.  SIGTERM and SLURM's requeue signal are acted on by all ranks together at the next
+step (:class:`~.signals.DeferredSignals`), never inside a signal handler.
 """
 import atexit
 import logging
 import os
+import re
 from datetime import timedelta
+from functools import partial
 from typing import Any, Iterable, Optional, Type
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch_geometric.data.data import BaseData
 
+from .. import compat
 from ..engine import Codec, FullGraphEngine
+from .signals import DeferredSignals
+
+compat.require("lightning")
 
 __all__ = ["FullGraphStrategy"]
 
@@ -62,8 +76,14 @@ class FullGraphStrategy(DDPStrategy):
         kernels (str, optional): Aggregation backend (``"auto"``, ``"cpp"``,
             ``"triton"``, ``"torch"``); ``None`` keeps PyG's own path.
         codec (Codec, optional): Wire codec of the halo exchange (default exact).
-        timeout (timedelta or float): Collective timeout; a rank whose peer died
-            raises after at most this long instead of hanging.
+        timeout (timedelta or float): Collective timeout of training (halo exchanges,
+            gradient and BatchNorm all-reduces, the per-step signal agreement): a rank
+            whose peer is stuck raises a :class:`~lightning_fullgraph.engine.CollectiveError`
+            after at most this long (a peer that died is noticed at once).
+        startup_timeout (timedelta or float): Timeout of start-up and of Lightning's own
+            collectives: rendezvous of the processes, waiting while rank 0 partitions the
+            graph, checkpoint and metric synchronization.  Kept apart from :obj:`timeout`
+            so a short dead-peer timeout does not fail start-up on a loaded machine.
         num_threads (int, optional): Torch intra-op threads per rank (default: the
             node's cores divided by the processes on it).
         log_communication (bool): Add a
@@ -78,13 +98,15 @@ class FullGraphStrategy(DDPStrategy):
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                  sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
                  codec: Optional[Codec] = None,
-                 timeout: Any = timedelta(minutes=5), num_threads: Optional[int] = None,
+                 timeout: Any = timedelta(minutes=5), startup_timeout: Any = timedelta(minutes=30),
+                 num_threads: Optional[int] = None,
                  log_communication: bool = True, **kwargs: Any) -> None:
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        if not isinstance(timeout, timedelta):
-            timeout = timedelta(seconds=float(timeout))
-        super().__init__(timeout=timeout, **kwargs)
+        timeout, startup_timeout = _timedelta(timeout, "timeout"), \
+            _timedelta(startup_timeout, "startup_timeout")
+        super().__init__(timeout=startup_timeout, **kwargs)
+        self.collective_timeout = timeout
         self.loss_mask = loss_mask
         self.loss_reduction = loss_reduction
         self.trusted_layers = tuple(trusted_layers)
@@ -94,6 +116,8 @@ class FullGraphStrategy(DDPStrategy):
         self.num_threads = num_threads
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
+        self._group: Optional[Any] = None
+        self._signals: Optional[DeferredSignals] = None
 
     # -- environment -----------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -104,6 +128,27 @@ class FullGraphStrategy(DDPStrategy):
             # Processes on one node share its cores; oversubscription slows every rank.
             threads = self.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(threads)
+        self._add_callbacks()
+
+    def _add_callbacks(self) -> None:
+        # Here, before Lightning restores a checkpoint, so that the random-state callback
+        # gets its on_load_checkpoint call.
+        trainer = getattr(self.lightning_module, "trainer", None) if self.lightning_module \
+            is not None else None
+        if trainer is None:
+            return
+        from ..callbacks import CommunicationMonitor, RandomStateCheckpoint
+        wanted = [RandomStateCheckpoint] + ([CommunicationMonitor] if self.log_communication else [])
+        for kind in wanted:
+            if not any(isinstance(c, kind) for c in trainer.callbacks):
+                trainer.callbacks.append(kind())
+
+    def _engine_group(self) -> Optional[Any]:
+        r"""The process group of the engine's collectives, with the collective timeout."""
+        if self._group is None and dist.is_available() and dist.is_initialized() \
+                and dist.get_world_size() > 1:
+            self._group = dist.new_group(timeout=self.collective_timeout)
+        return self._group
 
     # -- model -------------------------------------------------------------------------
     def setup(self, trainer) -> None:
@@ -120,11 +165,10 @@ class FullGraphStrategy(DDPStrategy):
         if trainer.accumulate_grad_batches != 1:
             raise ValueError("full-graph training takes one batch per epoch; "
                              "accumulate_grad_batches must be 1")
-        if self.log_communication:
-            from ..callbacks import CommunicationMonitor
-            if not any(isinstance(c, CommunicationMonitor) for c in trainer.callbacks):
-                trainer.callbacks.append(CommunicationMonitor())
-        self.engine = FullGraphEngine(partition, codec=self.codec, loss_mask=self.loss_mask)
+        group = self._engine_group()
+        self.engine = FullGraphEngine(partition, group=group, codec=self.codec,
+                                      loss_mask=self.loss_mask, timeout=self.collective_timeout)
+        self._signals = DeferredSignals(group, self.collective_timeout)
         super().setup(trainer)
 
     def configure_ddp(self) -> None:
@@ -162,11 +206,75 @@ class FullGraphStrategy(DDPStrategy):
         assert self.engine is not None
         scaled = self.engine.scale_loss(closure_loss) if self.loss_reduction == "mean" \
             else closure_loss
-        super().backward(scaled, optimizer, *args, **kwargs)
-        self.engine.all_reduce_gradients(self.lightning_module.parameters())
+        # Only what this backward adds is summed over ranks: a second manual_backward
+        # before the optimizer step must not count the first one again.
+        self.engine.reduce_backward(partial(super().backward, scaled, optimizer, *args, **kwargs),
+                                    self.lightning_module.parameters())
         return closure_loss
 
+    # -- steps: every rank passes here at the same point, where signals are agreed on -----
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self._install_signals()
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._install_signals()
+
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        self._install_signals()
+
+    def on_predict_start(self) -> None:
+        super().on_predict_start()
+        self._install_signals()
+
+    def _install_signals(self) -> None:
+        if self._signals is not None and self.lightning_module is not None:
+            self._signals.install(self.lightning_module.trainer)
+
+    def _sync_signals(self) -> None:
+        if self._signals is not None and self.lightning_module is not None:
+            self._signals.sync(self.lightning_module.trainer)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._sync_signals()
+        try:
+            return super().training_step(*args, **kwargs)
+        except Exception as error:
+            self._explain(error, "training_step")
+            raise
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._sync_signals()
+        return super().validation_step(*args, **kwargs)
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._sync_signals()
+        return super().test_step(*args, **kwargs)
+
+    def _explain(self, error: BaseException, where: str) -> None:
+        # Adds what this rank knows; the other ranks raise a CollectiveError at their next
+        # exchange, so the cause must be readable from this one.
+        if getattr(error, "peer_failed", False) or not hasattr(error, "add_note"):
+            return
+        error.add_note(f"lightning-fullgraph: raised on rank {self.global_rank} of "
+                       f"{self.world_size} in {where}; the other ranks stop at their next "
+                       "exchange with a CollectiveError")
+        match = re.search(r"Target (-?\d+) is out of bounds", str(error))
+        datamodule = getattr(self.lightning_module.trainer, "datamodule", None)
+        num_classes = getattr(datamodule, "_num_classes", None)
+        if match and num_classes is not None:
+            error.add_note(
+                f"lightning-fullgraph: the graph's labels reach {num_classes - 1} (num_classes "
+                f"{'given' if getattr(datamodule, 'num_classes_arg', None) else 'inferred'} "
+                f"as {num_classes}) but the model's output is narrower than label "
+                f"{match.group(1)} + 1: fix the labels or size the model with "
+                f"num_classes={num_classes}; FullGraphDataModule(num_classes=...) checks the "
+                "labels against it before partitioning")
+
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._sync_signals()
         out = super().predict_step(*args, **kwargs)
         if isinstance(out, Tensor) and self.engine is not None \
                 and out.dim() > 0 and out.size(0) == self.engine.partition.num_owned:
@@ -186,6 +294,19 @@ class FullGraphStrategy(DDPStrategy):
             strategy_registry.register(
                 "fullgraph_spawn", cls, description="FullGraphStrategy with spawned processes",
                 start_method="spawn")
+
+
+def _timedelta(value: Any, name: str) -> timedelta:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    else:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be seconds or a timedelta, got {value!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"{name} must be positive, got {seconds} s")
+    return timedelta(seconds=seconds)
 
 
 FullGraphStrategy.register_strategies(StrategyRegistry)

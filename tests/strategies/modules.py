@@ -3,15 +3,22 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 import torchmetrics
-from torch_geometric.nn import GCNConv
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+
+CONVS = {
+    "gcn": GCNConv,
+    "sage": SAGEConv,
+    "gat": lambda i, o: GATConv(i, o, heads=2, concat=False),
+}
 
 
 class GCN(torch.nn.Module):
-    def __init__(self, in_channels: int, hidden: int, out_channels: int, dropout: float = 0.0):
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, dropout: float = 0.0,
+                 conv: str = "gcn"):
         super().__init__()
-        self.conv1 = GCNConv(in_channels, hidden)
+        self.conv1 = CONVS[conv](in_channels, hidden)
         self.bn = torch.nn.BatchNorm1d(hidden)
-        self.conv2 = GCNConv(hidden, out_channels)
+        self.conv2 = CONVS[conv](hidden, out_channels)
         self.dropout = dropout
 
     def forward(self, x, edge_index):
@@ -23,10 +30,11 @@ class GCN(torch.nn.Module):
 
 class NodeClassifier(pl.LightningModule):
     def __init__(self, in_channels: int, num_classes: int, hidden: int = 16, lr: float = 0.01,
-                 dropout: float = 0.0, die_at_epoch: int = -1, die_rank: int = -1):
+                 dropout: float = 0.0, die_at_epoch: int = -1, die_rank: int = -1,
+                 conv: str = "gcn"):
         super().__init__()
         self.save_hyperparameters()
-        self.model = GCN(in_channels, hidden, num_classes, dropout)
+        self.model = GCN(in_channels, hidden, num_classes, dropout, conv)
         self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.test_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
 
@@ -58,3 +66,20 @@ class NodeClassifier(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+class ManualClassifier(NodeClassifier):
+    r"""Manual optimization with two backward passes before each step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, _):
+        opt = self.optimizers()
+        opt.zero_grad()
+        out = self(batch.x, batch.edge_index)
+        loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
+        self.manual_backward(loss, retain_graph=True)
+        self.manual_backward(0.5 * loss)
+        opt.step()

@@ -1,0 +1,137 @@
+"""Faults under a real Lightning launch: every process stops, in bounded time, with a clear error.
+
+Each test runs ``train_script.py`` the way users run a training script (Lightning re-runs
+it once per extra rank) and watches every process of the job.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+psutil = pytest.importorskip("psutil")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("train_script.py")
+
+
+def _start(tmp_path, *args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TEST_CACHE_DIR=str(tmp_path / "cache"),
+               OMP_NUM_THREADS="1")
+    # stderr to a file: a full pipe that nobody reads would block the ranks (a false hang).
+    log = open(tmp_path / f"stderr-{time.monotonic_ns()}.log", "w+")
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    proc.log = log
+    return proc
+
+
+def _wait_all(proc, children, limit):
+    r"""Waits until the launching process and the ranks it started have exited.
+
+    Returns the processes still alive after :obj:`limit` seconds (then killed), stdout
+    and stderr.  The launcher is waited for through ``Popen`` (which drains its pipes and
+    keeps its exit code); its children through psutil.
+    """
+    deadline = time.monotonic() + limit
+    alive = []
+    try:
+        stdout, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        alive.append(proc)
+        proc.kill()
+        stdout, _ = proc.communicate()
+    _, still = psutil.wait_procs(children, timeout=max(0.1, deadline - time.monotonic()))
+    for p in still:
+        p.kill()
+    proc.log.seek(0)
+    return alive + still, stdout, proc.log.read()
+
+
+def _children(proc, expected, limit=120):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        if len(kids) >= expected:
+            return kids
+        time.sleep(0.05)
+    raise AssertionError("the ranks were not started")
+
+
+# Moments of training: (epoch at whose start rank 0 is signalled, extra delay in s).  Epochs
+# of Cora on 2 processes take a few tens of ms, so the delays land in different phases
+# (forward exchanges, backward, optimizer, validation).
+MOMENTS = [(2, 0.0), (3, 0.005), (4, 0.02), (5, 0.05), (6, 0.1), (8, 0.2)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sigterm_to_rank_zero_stops_every_process(tmp_path):
+    # How SLURM and Kubernetes stop jobs. Lightning's own handler broadcast from inside the
+    # signal handler while the other rank waited in a halo exchange: both hung for the
+    # whole collective timeout (60 s here).
+    for epoch, delay in MOMENTS:
+        proc = _start(tmp_path, "--epochs", 100000, "--timeout", 60)
+        for line in proc.stdout:  # rank 0's progress (stderr is read at the end)
+            if f"EPOCH {epoch} RANK 0" in line:
+                break
+            if any(f"EPOCH {later} RANK 0" in line for later in range(epoch + 1, epoch + 50)):
+                pytest.fail(f"missed the start of epoch {epoch}: {line!r}")
+        else:
+            proc.wait()
+            proc.log.seek(0)
+            pytest.fail("training ended before the signal: " + proc.log.read()[-3000:])
+        children = _children(proc, 1)
+        time.sleep(delay)
+        start = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        alive, _, stderr = _wait_all(proc, children, 30)
+        assert not alive, (epoch, delay, f"{len(alive)} process(es) still running after 30 s",
+                           stderr[-3000:])
+        assert time.monotonic() - start < 30
+        assert "Traceback" not in stderr, stderr[-3000:]  # a clean stop, not a crash
+
+
+@pytest.mark.multiprocess
+def test_startup_is_not_limited_by_the_collective_timeout(tmp_path):
+    # A 1 s dead-peer timeout used to limit the rendezvous and the barrier while rank 0
+    # partitions (here: 3 s), failing start-up with "Timed out ... waiting for clients".
+    proc = _start(tmp_path, "--timeout", 1, "--slow-prepare", 3, "--epochs", 3)
+    children = _children(proc, 1)
+    alive, stdout, stderr = _wait_all(proc, children, 300)
+    assert not alive
+    assert proc.returncode == 0, stderr[-4000:]
+    assert "RESULT" in stdout and "processes=2" in stdout
+
+
+@pytest.mark.multiprocess
+def test_stuck_rank_gives_a_timeout_naming_the_exchange_and_the_option(tmp_path):
+    proc = _start(tmp_path, "--timeout", 3, "--stall-rank", 1, "--stall-epoch", 2,
+                  "--stall-seconds", 15, "--epochs", 6)
+    children = _children(proc, 1)
+    alive, _, stderr = _wait_all(proc, children, 120)
+    assert not alive
+    assert proc.returncode != 0
+    assert "CollectiveError: rank 0:" in stderr, stderr[-4000:]
+    assert "timed out (collective timeout 3 s)" in stderr, stderr[-4000:]
+    assert "FullGraphStrategy(timeout=...)" in stderr, stderr[-4000:]
+    assert "with rank(s) 1" in stderr, stderr[-4000:]
+
+
+@pytest.mark.multiprocess
+def test_label_out_of_range_stops_every_rank_with_the_cause(tmp_path):
+    # num_classes not given: inferred as 100 from the bad label (with a warning), while
+    # the model has 7 outputs. The rank holding the node raises torch's error, with notes
+    # saying where and why; the other rank stops at its next exchange instead of hanging.
+    proc = _start(tmp_path, "--bad-label", "--epochs", 3, "--timeout", 60)
+    children = _children(proc, 1)
+    alive, _, stderr = _wait_all(proc, children, 120)
+    assert not alive
+    assert proc.returncode != 0
+    assert "Target 99 is out of bounds" in stderr, stderr[-4000:]
+    assert "the graph's labels reach 99" in stderr, stderr[-4000:]
+    assert "in training_step; the other ranks stop" in stderr, stderr[-4000:]
+    assert "num_classes is inferred as 100" in stderr, stderr[-4000:]  # the warning
