@@ -638,7 +638,7 @@ def _prepare(opts: Dict[str, Any]) -> Dict[str, Any]:
     for P in opts["parts"]:
         buf = io.StringIO()
         t0 = time.perf_counter()
-        with contextlib.redirect_stdout(buf):
+        with contextlib.redirect_stderr(buf):
             pdir = partition_graph(data, P, root=cache / "partitions", seed=opts["seed"])
         secs = time.perf_counter() - t0
         text = buf.getvalue()

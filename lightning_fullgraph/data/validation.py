@@ -21,7 +21,7 @@ from __future__ import annotations
 import operator
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -71,6 +71,13 @@ class GraphReport:
         mask_counts (Dict[str, int]): Number of selected nodes per present
             mask among :obj:`train_mask`, :obj:`val_mask`, :obj:`test_mask`.
         warnings (List[str]): Messages of the emitted :class:`GraphWarning`.
+        num_classes_inferred (bool): Whether :obj:`num_classes` was inferred
+            from the labels (no :obj:`num_classes` argument).
+        label_range (Tuple[int, int], optional): Smallest and largest class
+            id among labelled nodes; :obj:`None` for floating-point targets
+            or when no node is labelled.
+        num_label_ids (int, optional): Number of distinct class ids among
+            labelled nodes; :obj:`None` for floating-point targets.
     """
     num_nodes: int
     num_edges: int
@@ -84,6 +91,9 @@ class GraphReport:
     num_unlabelled_nodes: int
     mask_counts: Dict[str, int] = field(default_factory=dict)
     warnings: List[str] = field(default_factory=list)
+    num_classes_inferred: bool = False
+    label_range: Optional[Tuple[int, int]] = None
+    num_label_ids: Optional[int] = None
 
     @property
     def num_train_nodes(self) -> int:
@@ -101,6 +111,67 @@ class GraphReport:
 def _first(mask: Tensor) -> int:
     # Index of the first True entry of a 1-D bool tensor (caller ensures any).
     return int(mask.nonzero()[0, 0])
+
+
+def _rows(value) -> Optional[int]:
+    if isinstance(value, Tensor) and value.dim() >= 1:
+        return int(value.size(0))
+    return None
+
+
+def _check_node_counts(data: Data) -> None:
+    # Runs before every other check: when x has another number of rows than
+    # y, the masks and data.num_nodes agree on, every later message (edges
+    # "outside [0, N)", masks of the "wrong" shape, ...) would blame an input
+    # that is fine. Only x is judged here; any other odd one out gets its own
+    # message from the check of that attribute.
+    num_x = _rows(data.x)
+    if num_x is None:
+        return
+    others: Dict[str, int] = {}
+    if _rows(data.y) is not None:
+        others["y"] = _rows(data.y)
+    for name in _MASKS:
+        mask = getattr(data, name, None)
+        if isinstance(mask, Tensor) and mask.dtype == torch.bool \
+                and _rows(mask) is not None:
+            others[name] = _rows(mask)
+    explicit = getattr(data, "_store", {}).get("num_nodes", None)
+    if explicit is not None:
+        others["num_nodes"] = int(explicit)
+    counts = set(others.values())
+    if len(counts) != 1 or num_x in counts:
+        return
+    num_nodes = counts.pop()
+    edge_index = data.edge_index
+    max_node = None
+    if (isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
+            and edge_index.dim() == 2 and edge_index.numel() > 0
+            and not edge_index.is_floating_point()):
+        max_node = int(edge_index.max())
+    # With a single witness (say y alone) x is the odd one out only if the
+    # edges also need more nodes than x has rows.
+    if len(others) < 2 and not (max_node is not None and max_node >= num_x):
+        return
+    tensors = [f"data.{k}" for k in others if k != "num_nodes"]
+    pieces = []
+    if tensors:
+        listed = tensors[0] if len(tensors) == 1 else \
+            ", ".join(tensors[:-1]) + " and " + tensors[-1]
+        pieces.append(f"{listed} {'has' if len(tensors) == 1 else 'have'} "
+                      f"{num_nodes} entries")
+    if "num_nodes" in others:
+        pieces.append(f"data.num_nodes is {num_nodes}")
+    what = ", and ".join(pieces)
+    edges = ""
+    if max_node is not None and max_node >= num_x:
+        edges = f" (and edge_index refers to node {max_node})"
+    raise GraphValidationError(
+        f"data.x has {num_x} rows but {what}{edges}: x, y, the masks "
+        f"and edge_index must agree on the number of nodes, and x is the odd "
+        f"one out; fix: give data.x one row per node ({num_nodes} rows), i.e. "
+        f"take x from the same graph (and the same node subset) as y and the "
+        f"masks")
 
 
 def _check_x(data: Data) -> int:
@@ -251,7 +322,7 @@ def _check_y(data: Data, num_nodes: int, num_classes: Optional[int],
                 f"y contains NaN/inf targets on {int(bad.sum())} nodes (first "
                 f"at node {_first(bad)}); fix: clean them or exclude those "
                 f"nodes from all masks")
-        return None, 0
+        return None, 0, None
     if y.dtype == torch.bool or y.is_complex():
         raise GraphValidationError(
             f"y must hold integer class labels, got {y.dtype}; fix: "
@@ -271,8 +342,10 @@ def _check_y(data: Data, num_nodes: int, num_classes: Optional[int],
             f"y has {int(too_small.sum())} negative labels other than -1 "
             f"(first at node {node}: {int(y[node])}); labels must be in "
             f"[0, num_classes), or -1 for unlabelled nodes outside all masks")
+    labelled = y[y >= 0]
+    ids = _label_ids(labelled) if labelled.numel() else labelled
     if num_classes is None:
-        num_classes = int(y.max()) + 1 if bool((y >= 0).any()) else 0
+        num_classes = int(ids[-1]) + 1 if ids.numel() else 0
     too_large = y >= num_classes
     if bool(too_large.any()):
         node = _first(too_large)
@@ -289,7 +362,34 @@ def _check_y(data: Data, num_nodes: int, num_classes: Optional[int],
                 f"inside {name} (first at node {_first(inside)}); fix: "
                 f"remove them from the mask (data.{name} &= data.y >= 0) or "
                 f"label them")
-    return num_classes, int(unlabelled.sum())
+    return num_classes, int(unlabelled.sum()), ids
+
+
+def _label_ids(labelled: Tensor) -> Tensor:
+    # Sorted distinct class ids of non-negative labels: a bincount (O(N + C))
+    # unless the largest id is far beyond the number of nodes (a corrupted
+    # label such as 10**9 would allocate a huge count vector), then a sort.
+    largest = int(labelled.max())
+    if largest <= 2 * labelled.numel() + 1024:
+        counts = torch.bincount(labelled.view(-1).long(),
+                                minlength=largest + 1)
+        return counts.nonzero().view(-1)
+    return torch.unique(labelled)
+
+
+def _id_gaps(ids: Tensor, limit: int = 4) -> str:
+    # "7..98" or "2, 5..8, 11" for the ids in [0, ids[-1]] missing from ids.
+    ids = ids.tolist()
+    gaps, prev = [], -1
+    for v in ids:
+        if v > prev + 1:
+            lo, hi = prev + 1, v - 1
+            gaps.append(str(lo) if lo == hi else f"{lo}..{hi}")
+        prev = v
+    text = ", ".join(gaps[:limit])
+    if len(gaps) > limit:
+        text += f" and {len(gaps) - limit} more ranges"
+    return text
 
 
 def _edge_stats(edge_index: Tensor, num_nodes: int) -> Dict[str, int]:
@@ -343,7 +443,10 @@ def validate_graph(data: Data, *, num_classes: Optional[int] = None,
     train on, raising :class:`GraphValidationError` on the first problem and
     emitting one :class:`GraphWarning` per benign-but-notable property.
 
-    Errors: missing, non-dense, non-2-D, non-float or non-finite :obj:`x`;
+    Errors: :obj:`x` with another number of rows than :obj:`y`, the masks
+    and :obj:`num_nodes` agree on (checked first, so that x is named rather
+    than the edges or masks); missing, non-dense, non-2-D, non-float or
+    non-finite :obj:`x`;
     :obj:`num_nodes` disagreeing with :obj:`x`; an empty graph;
     :obj:`edge_index` missing, not ``[2, E]``, not int64, or with indices
     outside ``[0, num_nodes)``; :obj:`train_mask` missing or empty; any mask
@@ -356,25 +459,30 @@ def validate_graph(data: Data, *, num_classes: Optional[int] = None,
     the symmetrized graph, message passing uses the edges as given),
     self-loops and duplicate edges (kept as given, so results equal
     single-process PyG), isolated nodes (assigned to partitions by weight,
-    they receive no messages), and overlapping masks.
+    they receive no messages), overlapping masks, and (without
+    :obj:`num_classes`) class ids in ``[0, y.max()]`` that no node uses,
+    which usually means a stray label inflated the inferred
+    :obj:`num_classes`.
 
     Args:
         data (torch_geometric.data.Data): The graph.
         num_classes (int, optional): Number of classes; if :obj:`None` it is
-            inferred as ``y.max() + 1`` and only negative labels are
-            checked. (default: :obj:`None`)
+            inferred as ``y.max() + 1``, only negative labels are checked,
+            and a :class:`GraphWarning` says which class ids below the
+            largest have no node. (default: :obj:`None`)
         strict (bool, optional): Turn every :class:`GraphWarning` into a
             :class:`GraphValidationError`. (default: :obj:`False`)
 
     Returns:
         GraphReport: Counts of nodes, edges, self-loops, duplicates, isolated
-        nodes, unlabelled nodes and mask sizes.
+        nodes, unlabelled nodes and mask sizes, and the label range.
     """
     if not isinstance(data, Data):
         raise GraphValidationError(
             f"expected a torch_geometric.data.Data, got {type(data).__name__}"
             f"; heterogeneous graphs are not supported (fix: "
             f"data.to_homogeneous() for HeteroData)")
+    _check_node_counts(data)
     with warnings.catch_warnings():
         # PyG warns when it has to guess num_nodes; we only need "any?".
         warnings.simplefilter("ignore")
@@ -386,11 +494,23 @@ def validate_graph(data: Data, *, num_classes: Optional[int] = None,
     num_nodes = _num_nodes(data)
     edge_index = _check_edge_index(data, num_nodes)
     masks = _check_masks(data, num_nodes)
-    num_classes, num_unlabelled = _check_y(data, num_nodes, num_classes,
-                                           masks)
+    inferred = num_classes is None
+    num_classes, num_unlabelled, ids = _check_y(data, num_nodes, num_classes,
+                                                masks)
     stats = _edge_stats(edge_index, num_nodes)
 
     emitted: List[str] = []
+    if inferred and ids is not None and 0 < ids.numel() < num_classes:
+        # A stray label (say 99 in a 7-class graph) makes the inferred
+        # num_classes too large instead of being rejected, and training
+        # later fails on one rank ("Target 99 is out of bounds").
+        _issue(f"labels use {ids.numel()} distinct class ids but the largest "
+               f"is {num_classes - 1}, so num_classes is inferred as "
+               f"{num_classes} and ids {_id_gaps(ids)} have no node; pass "
+               f"num_classes=... (FullGraphDataModule(num_classes=...)) to "
+               f"check labels against your model", strict,
+               "pass num_classes=... or remap the labels to "
+               "0..num_classes-1", emitted)
     missing = stats["num_edges_without_reverse"]
     if missing:
         _issue(f"graph is directed ({missing} edges lack a reverse); METIS "
@@ -436,6 +556,10 @@ def validate_graph(data: Data, *, num_classes: Optional[int] = None,
         num_unlabelled_nodes=num_unlabelled,
         mask_counts={name: int(m.sum()) for name, m in masks.items()},
         warnings=emitted,
+        num_classes_inferred=inferred and num_classes is not None,
+        label_range=((int(ids[0]), int(ids[-1]))
+                     if ids is not None and ids.numel() else None),
+        num_label_ids=None if ids is None else int(ids.numel()),
     )
 
 

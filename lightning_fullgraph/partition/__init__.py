@@ -4,14 +4,18 @@ Typical use (once, on one process or via the CLI)::
 
     path = partition_graph(data, num_parts=4)          # cached, atomic
     part = load_partition(path, rank, num_parts=world)  # on every rank
+    export_partition(path, "shared/partitions")         # copy elsewhere, verified
 """
 from .errors import (
     EmptyPartitionError,
+    ExportTargetError,
     PartitionError,
     PartitionFormatError,
     PartitionMismatchError,
+    PartitionWriteError,
     StalePartitionError,
 )
+from .export import export_partition
 from .fingerprint import graph_fingerprint, options_hash
 from .local import (
     LOCAL_FORMAT_VERSION,
@@ -42,6 +46,8 @@ __all__ = [
     "PartitionFormatError",
     "PartitionMismatchError",
     "StalePartitionError",
+    "PartitionWriteError",
+    "ExportTargetError",
     # METIS
     "metis_partition",
     "node_weights_for",
@@ -65,6 +71,7 @@ __all__ = [
     "partition_cache_dir",
     "default_cache_root",
     "partition_graph",
+    "export_partition",
     "part_file_name",
     "FORMAT_VERSION",
     "MANIFEST_NAME",

@@ -1,8 +1,9 @@
 """Exceptions raised by the partitioning pipeline.
 
 They subclass the built-in exception a caller would naturally catch
-(:class:`ValueError` for bad arguments, :class:`RuntimeError` for bad files),
-so code that predates them keeps working.
+(:class:`ValueError` for bad arguments, :class:`RuntimeError` for bad files,
+:class:`OSError` for directories that cannot be written), so code that predates
+them keeps working.
 """
 
 __all__ = [
@@ -11,6 +12,8 @@ __all__ = [
     "PartitionFormatError",
     "PartitionMismatchError",
     "StalePartitionError",
+    "PartitionWriteError",
+    "ExportTargetError",
 ]
 
 
@@ -52,3 +55,20 @@ class PartitionMismatchError(PartitionError, ValueError):
 
 class StalePartitionError(PartitionMismatchError):
     r"""A partition exists but was made for a different graph."""
+
+
+class PartitionWriteError(PartitionError, OSError):
+    r"""A partition (or cache) directory cannot be written: no permission, a
+    read-only file system, no space left, ...
+
+    The message names the directory and how to choose another one; the
+    underlying error is its ``__cause__``. It is an :class:`OSError`, so code
+    that caught the raw :class:`PermissionError` / :class:`OSError` keeps
+    working.
+    """
+
+
+class ExportTargetError(PartitionError, FileExistsError):
+    r"""The target of :func:`~.export_partition` holds something the library did
+    not write (a file, or a directory with foreign content), so it is left
+    untouched instead of being replaced."""

@@ -9,21 +9,32 @@ Layout of one partition directory::
 
 The manifest is written last and directories are published with an atomic
 ``rename``, so a reader either sees a complete partition or none at all.
+:func:`~.export.export_partition` copies a partition elsewhere.
 """
+import errno
 import hashlib
 import io
 import json
 import logging
 import os
+import pickle
+import re
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 import torch
 
-from .errors import PartitionFormatError, PartitionMismatchError, StalePartitionError
+from .errors import (
+    PartitionError,
+    PartitionFormatError,
+    PartitionMismatchError,
+    PartitionWriteError,
+    StalePartitionError,
+)
 from .fingerprint import graph_fingerprint, options_hash
 from .local import LocalPartition, iter_local_partitions
 from .metis import _check_num_parts, metis_partition, node_weights_for
@@ -114,13 +125,22 @@ def save_partitions(directory: PathLike, parts: Iterable[LocalPartition],
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     files: Dict[str, str] = {}
-    num_parts, fingerprint, ranks = None, None, []
+    num_parts, fingerprint, ranks, key = None, None, [], None
     for part in parts:
         if num_parts is None:
             num_parts, fingerprint = part.num_parts, part.fingerprint
-            options = dict(part.options) if options is None else options
-        elif part.num_parts != num_parts or part.fingerprint != fingerprint:
-            raise ValueError("all partitions must share num_parts and fingerprint")
+            key = options_hash(part.options)
+            if options is None:
+                options = dict(part.options)
+            elif options_hash(options) != key:
+                # load_partition checks every file against its manifest.
+                raise ValueError(
+                    f"options={options!r} differ from the options stored in the "
+                    f"partitions ({part.options!r}); pass options=None to store "
+                    f"theirs, or build the partitions with these options")
+        elif (part.num_parts != num_parts or part.fingerprint != fingerprint
+              or options_hash(part.options) != key):
+            raise ValueError("all partitions must share num_parts, fingerprint and options")
         buf = io.BytesIO()
         torch.save(part.to_dict(), buf)
         blob = buf.getvalue()
@@ -181,6 +201,11 @@ def load_partition(directory: PathLike, rank: int, *, num_parts: Optional[int] =
                    fingerprint: Optional[str] = None) -> LocalPartition:
     r"""Loads one rank's partition, verifying it against the manifest.
 
+    The file's sha256 must match the manifest, it is deserialized with
+    ``torch.load(weights_only=True)`` (tensors and plain containers only), and
+    the rank, number of parts, graph fingerprint and options stored in the
+    file must equal those of the manifest.
+
     Args:
         directory (str or Path): Partition directory.
         rank (int): Rank to load.
@@ -192,9 +217,12 @@ def load_partition(directory: PathLike, rank: int, *, num_parts: Optional[int] =
 
     Raises:
         PartitionMismatchError: If the partition was made for another world size.
-        StalePartitionError: If it was made for a different graph.
+        StalePartitionError: If it was made for a different graph, or the file
+            belongs to a partition of another graph than its manifest.
         PartitionFormatError: If the manifest or the rank's file is missing,
-            truncated, corrupted or of another format version.
+            truncated, corrupted, of another format version, holds objects
+            other than tensors and plain containers, or does not match its
+            manifest.
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
@@ -221,20 +249,106 @@ def load_partition(directory: PathLike, rank: int, *, num_parts: Optional[int] =
         raise PartitionFormatError(f"partition file {path} is missing") from None
     # Catches truncation and bit rot before anything is deserialized.
     if digest != expected:
-        raise PartitionFormatError(
-            f"partition file {path} is corrupted or truncated (sha256 does not match "
-            f"the manifest); delete {directory} and re-partition")
+        raise _digest_mismatch_error(path, manifest)
+    return _read_part(path, int(rank), manifest)
+
+
+_WEIGHTS_ONLY_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _torch_load(path: Path) -> Any:
+    r"""``torch.load`` of a partition file, restricted to tensors and plain
+    containers; never relays torch's advice to load with ``weights_only=False``."""
     try:
         # Memory-mapped: the file's bytes are never held twice (raw + tensors).
-        state = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
-        part = LocalPartition.from_dict(state)
-    except Exception as e:  # any unpickling problem is a format problem
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        if "weights_only" not in text and "Weights only" not in text:
+            raise PartitionFormatError(f"partition file {path} could not be read: {e}") from e
+        found = _WEIGHTS_ONLY_GLOBAL.search(text)
+        what = f" (first such object: {found.group(1)})" if found else ""
+        # `from None`: torch's text suggests weights_only=False, which would
+        # run whatever code the file carries.
+        raise PartitionFormatError(
+            f"partition file {path} holds objects other than tensors and plain "
+            f"containers (dict, list, tuple, str, int, float){what}, so it is not a "
+            f"partition written by this library; it is refused because such files "
+            f"can run arbitrary code when loaded. Re-create the partition with "
+            f"`lightning-fullgraph partition` (or partition_graph)") from None
+    except Exception as e:  # any other unpickling problem is a format problem
         raise PartitionFormatError(f"partition file {path} could not be read: {e}") from e
+
+
+def _read_part(path: Path, rank: int, manifest: Dict[str, Any]) -> LocalPartition:
+    r"""Deserializes a (sha256-verified) part file and checks it against its
+    manifest: rank, number of parts, graph fingerprint and options."""
+    state = _torch_load(path)
+    if not isinstance(state, dict):
+        raise PartitionFormatError(
+            f"partition file {path} does not hold a partition (got a "
+            f"{type(state).__name__}, expected a dict); re-create the partition with "
+            f"`lightning-fullgraph partition` (or partition_graph)")
+    try:
+        part = LocalPartition.from_dict(state)
+    except Exception as e:
+        raise PartitionFormatError(f"partition file {path} could not be read: {e}") from e
+    P = int(manifest["num_parts"])
     if part.rank != int(rank) or part.num_parts != P:
         raise PartitionFormatError(
             f"partition file {path} holds rank {part.rank} of {part.num_parts}, "
             f"expected rank {rank} of {P}")
+    mismatch = _part_manifest_mismatch(part.fingerprint, part.options, manifest)
+    if mismatch is not None:
+        raise _mixed_partition_error(path, mismatch, manifest, str(part.fingerprint))
     return part
+
+
+def _part_manifest_mismatch(fingerprint: Any, options: Any,
+                            manifest: Dict[str, Any]) -> Optional[str]:
+    if fingerprint != manifest["fingerprint"]:
+        return "fingerprint"
+    if isinstance(options, dict) and "options" in manifest and \
+            options_hash(options) != options_hash(manifest["options"] or {}):
+        return "options"
+    return None
+
+
+def _mixed_partition_error(path: Path, what: str, manifest: Dict[str, Any],
+                           found_fingerprint: str) -> PartitionError:
+    directory = path.parent
+    fix = (f"the directory mixes files of two partitions; delete {directory} and "
+           f"re-partition (`lightning-fullgraph partition` or partition_graph)")
+    if what == "fingerprint":
+        return StalePartitionError(
+            f"partition file {path} was made for a different graph than its manifest "
+            f"{directory / MANIFEST_NAME} (graph fingerprint {found_fingerprint[:12]} "
+            f"in the file, {str(manifest['fingerprint'])[:12]} in the manifest); {fix}")
+    return PartitionFormatError(
+        f"partition file {path} was made with other partitioning options than its "
+        f"manifest {directory / MANIFEST_NAME}; {fix}")
+
+
+def _peek(path: Path) -> Dict[str, Any]:
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except Exception:
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def _digest_mismatch_error(path: Path, manifest: Dict[str, Any]) -> PartitionError:
+    r"""Tells a part file of *another* partition (copied or moved here) from a
+    damaged one, by peeking at it with the same restricted loader."""
+    state = _peek(path)
+    fingerprint, options = state.get("fingerprint"), state.get("options")
+    if isinstance(fingerprint, str) and fingerprint:
+        mismatch = _part_manifest_mismatch(fingerprint, options, manifest)
+        if mismatch is not None:
+            return _mixed_partition_error(path, mismatch, manifest, fingerprint)
+    return PartitionFormatError(
+        f"partition file {path} is corrupted or truncated (sha256 does not match "
+        f"the manifest); delete {path.parent} and re-partition")
 
 
 def _file_sha256(path: Path, chunk: int = 16 * 2**20) -> str:
@@ -272,6 +386,45 @@ def _publish(tmp: Path, target: Path, force: bool, num_parts: int, fingerprint: 
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _say(*args: Any) -> None:
+    # Progress goes to stderr, looked up at call time (pytest's capsys and
+    # contextlib.redirect_stderr replace sys.stderr).
+    print(*args, file=sys.stderr, flush=True)
+
+
+def _is_no_space(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _describe_os_error(e: OSError) -> str:
+    if isinstance(e, PermissionError) or e.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if e.errno == errno.EROFS:
+        return "read-only file system"
+    if _is_no_space(e):
+        return "no space left on the device (or disk quota exceeded)"
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):
+        return "a path component exists and is not a directory"
+    return e.strerror or str(e)
+
+
+def _cache_write_error(cache_dir: Path, root: Optional[PathLike],
+                       e: OSError) -> PartitionWriteError:
+    if root is not None:
+        source = ""
+    elif os.environ.get(CACHE_ENV):
+        source = f" (from the {CACHE_ENV} environment variable)"
+    else:
+        source = " (the default cache directory)"
+    what = ("free space there or choose a cache directory on another disk"
+            if _is_no_space(e) else "choose a writable cache directory")
+    return PartitionWriteError(
+        f"cannot write partitions to the cache directory {cache_dir}{source}: "
+        f"{_describe_os_error(e)}; {what}: FullGraphDataModule(cache_dir=...) or "
+        f"partition_graph(..., root=...), the {CACHE_ENV} environment variable, or "
+        f"--cache-dir on the command line")
+
+
 def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
                     seed: int = 0, force: bool = False, progress: bool = True,
                     ufactor: Optional[int] = None,
@@ -290,12 +443,19 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
             :func:`default_cache_root`).
         seed (int): METIS seed.
         force (bool): Re-partition even if a cached partition exists.
-        progress (bool): Print timings and the :class:`PartitionStats` table.
+        progress (bool): Print timings and the :class:`PartitionStats` table to
+            standard error (standard output stays free for results, e.g.
+            ``lightning-fullgraph train --json``).
         ufactor (int, optional): METIS imbalance tolerance in 1/1000.
         train_key (str, optional): Training mask balanced across ranks.
 
     Returns:
         Path: The partition directory (pass it to :func:`load_partition`).
+
+    Raises:
+        PartitionWriteError: If the cache directory cannot be written (no
+            permission, read-only file system, disk full); an
+            :class:`OSError`.
     """
     t0 = time.perf_counter()
     edge_index = getattr(data, "edge_index", None)
@@ -313,7 +473,7 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
     }
     fingerprint = graph_fingerprint(data)
     directory = partition_cache_dir(root, fingerprint, num_parts, options)
-    say = print if progress else (lambda *a, **k: None)
+    say = _say if progress else (lambda *a: None)
     if not force and _is_complete(directory, num_parts, fingerprint):
         log.info("reusing partition %s", directory)
         say(f"[partition] reusing cached partition {directory}")
@@ -332,14 +492,18 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
         train_mask = None
     stats = partition_stats(parts, edge_index, train_mask=train_mask, num_parts=num_parts)
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
         save_partitions(tmp, iter_local_partitions(data, parts, num_parts=num_parts,
                                                    fingerprint=fingerprint,
                                                    options=options),
                         stats, options=options)
         _publish(tmp, directory, force, num_parts, fingerprint)
+    except PartitionError:
+        raise
+    except OSError as e:
+        raise _cache_write_error(directory.parent, root, e) from e
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

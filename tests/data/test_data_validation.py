@@ -192,8 +192,9 @@ def test_label_errors():
     data.y[4], data.y[5] = 2, 7
     error(data, r"y has 2 labels >= num_classes=2 \(first at node 4: 2\)",
           num_classes=2)
-    # Without num_classes it is inferred from the labels.
-    assert validate_graph(data).num_classes == 8
+    # Without num_classes it is inferred from the labels (ids 3..6 unused).
+    with pytest.warns(GraphWarning, match=r"ids 3..6 have no node"):
+        assert validate_graph(data).num_classes == 8
 
     error(ring(), r"num_classes must be >= 1", num_classes=0)
 
@@ -320,3 +321,119 @@ def test_check_num_parts_ok():
     assert check_num_parts(10, 10) == 10
     assert check_num_parts(np.int64(10), torch.tensor(3)) == 3
     assert type(check_num_parts(5, np.int32(1))) is int
+
+
+# -- node counts: x is named when it is the odd one out ---------------------
+
+def test_x_with_fewer_rows_than_y_and_masks_is_blamed_on_x():
+    data = ring()
+    data.x = data.x[:5]  # edge_index still refers to node 5
+    error(data, r"data.x has 5 rows but data.y, data.train_mask, "
+                r"data.val_mask and data.test_mask have 6 entries \(and "
+                r"edge_index refers to node 5\): x, y, the masks and "
+                r"edge_index must agree on the number of nodes, and x is the "
+                r"odd one out; fix: give data.x one row per node \(6 rows\)")
+
+
+def test_x_with_more_rows_than_y_and_masks_is_blamed_on_x():
+    data = ring()
+    data.x = torch.randn(7, 3)
+    error(data, r"data.x has 7 rows but data.y, data.train_mask, "
+                r"data.val_mask and data.test_mask have 6 entries: .*x is "
+                r"the odd one out")
+
+
+def test_x_rows_checked_before_other_x_problems():
+    data = ring()
+    data.x = torch.full((4, 3), float("nan"))
+    data.num_nodes = 6
+    error(data, r"data.x has 4 rows but data.y, data.train_mask, "
+                r"data.val_mask and data.test_mask have 6 entries, and "
+                r"data.num_nodes is 6")
+
+
+def test_x_against_y_alone_needs_the_edges_as_witness():
+    data = ring()
+    del data.val_mask, data.test_mask
+    data.train_mask = torch.tensor([0, 1])  # index form: its own error
+    data.x = data.x[:5]
+    error(data, r"data.x has 5 rows but data.y has 6 entries \(and "
+                r"edge_index refers to node 5\)")
+
+
+def test_odd_y_or_mask_is_still_blamed_on_itself():
+    data = ring()
+    data.y = data.y[:5]
+    error(data, r"y must have one entry per node \(size\(0\) = 6\)")
+    data = ring()
+    data.val_mask = data.val_mask[:5]
+    error(data, r"val_mask must have shape \[num_nodes\] = \[6\], got \(5,\)")
+    data = ring()
+    data.edge_index[1, 3] = 6
+    error(data, r"edge_index has 1 edges with node indices outside \[0, 6\)")
+
+
+# -- labels: an inferred num_classes with unused class ids ------------------
+
+def test_stray_label_warns_when_num_classes_is_inferred():
+    data = ring(8)
+    data.y = torch.arange(8) % 7
+    report, messages = graph_warnings(data)
+    assert messages == [] and report.num_classes == 7
+    assert report.label_range == (0, 6) and report.num_label_ids == 7
+    assert report.num_classes_inferred
+
+    data.y[5] = 99
+    expected = (r"labels use 7 distinct class ids but the largest is 99, so "
+                r"num_classes is inferred as 100 and ids 5, 7..98 have no "
+                r"node; pass num_classes=... "
+                r"\(FullGraphDataModule\(num_classes=...\)\) to check "
+                r"labels against your model")
+    with pytest.warns(GraphWarning, match=expected):
+        report = validate_graph(data)
+    assert report.num_classes == 100 and report.label_range == (0, 99)
+    assert report.num_label_ids == 7
+    assert report.warnings[-1].startswith("labels use 7")
+    with pytest.raises(GraphValidationError,
+                       match=expected + r".*strict=True"):
+        validate_graph(data, strict=True)
+    # With num_classes the stray label is an error; no warning is needed.
+    error(data, r"y has 1 labels >= num_classes=7 \(first at node 5: 99\)",
+          num_classes=7)
+    report, messages = graph_warnings(data, num_classes=100)
+    assert messages == [] and not report.num_classes_inferred
+
+
+def test_unused_class_ids_listing_and_huge_labels():
+    data = ring()
+    data.y = torch.tensor([0, 2, 5, 5, 0, 2])
+    with pytest.warns(GraphWarning,
+                      match=r"labels use 3 distinct class ids but the "
+                            r"largest is 5, .* ids 1, 3..4 have no node"):
+        validate_graph(data)
+    # A corrupted id: no bincount of 10**12 entries.
+    data.y = torch.tensor([0, 1, 0, 1, 0, 10**12])
+    with pytest.warns(GraphWarning,
+                      match=r"inferred as 1000000000001 and ids "
+                            r"2..999999999999 have no node"):
+        assert validate_graph(data).num_classes == 10**12 + 1
+
+
+def test_unlabelled_nodes_do_not_count_as_class_ids():
+    data = ring()
+    data.y[2] = -1
+    data.val_mask[2] = False
+    report, messages = graph_warnings(data)
+    assert messages == [] and report.num_classes == 2
+    assert report.label_range == (0, 1)
+
+
+def test_bundled_graphs_do_not_warn_without_num_classes():
+    from lightning_fullgraph.data import load_cora, synthetic_graph
+    report = validate_graph(load_cora(), strict=True)
+    assert report.num_classes == 7 and report.num_label_ids == 7
+    for num_classes in (2, 5, 16):
+        graph = synthetic_graph(500, num_classes=num_classes,
+                                seed=num_classes)
+        report = validate_graph(graph, strict=True)
+        assert report.num_classes == num_classes

@@ -107,3 +107,46 @@ def make_graph():
 @pytest.fixture
 def check():
     return check_invariants
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    r"""Makes every path under the given directories unwritable (as a chmod
+    would for a non-root user): mkdir, open for writing, rename fail with EACCES."""
+    import builtins
+    import errno
+    import os
+    blocked = []
+
+    def check(path):
+        path = os.path.abspath(os.fspath(path))
+        for b in blocked:
+            if path == b or path.startswith(b + os.sep):
+                raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    real_mkdir, real_open, real_rename, real_replace = (os.mkdir, builtins.open,
+                                                        os.rename, os.replace)
+
+    def mkdir(path, *a, **k):
+        if not os.path.isdir(path):
+            check(path)
+        return real_mkdir(path, *a, **k)
+
+    def open_(file, mode="r", *a, **k):
+        if isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+"):
+            check(file)
+        return real_open(file, mode, *a, **k)
+
+    def rename(a, b, *args, **kw):
+        check(a), check(b)
+        return real_rename(a, b, *args, **kw)
+
+    def replace(a, b, *args, **kw):
+        check(a), check(b)
+        return real_replace(a, b, *args, **kw)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", replace)
+    return lambda path: blocked.append(os.path.abspath(os.fspath(path)))

@@ -61,10 +61,16 @@ def test_env_cache_root(tmp_path, graph, monkeypatch):
     assert path.parent == tmp_path / "envroot"
 
 
-def test_progress_prints_table(tmp_path, graph, capsys):
+def test_progress_prints_table_to_stderr(tmp_path, graph, capsys):
+    # stdout stays free for results (`lightning-fullgraph train --json`).
     partition_graph(graph, 2, root=tmp_path, progress=True)
-    out = capsys.readouterr().out
-    assert "edge cut" in out and "imbalance" in out
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "[partition] METIS" in captured.err
+    assert "edge cut" in captured.err and "imbalance" in captured.err
+    partition_graph(graph, 2, root=tmp_path, progress=True)  # cache hit
+    captured = capsys.readouterr()
+    assert captured.out == "" and "[partition] reusing cached partition" in captured.err
 
 
 def test_world_size_mismatch(saved):
@@ -166,6 +172,10 @@ def test_fingerprint_sensitivity(graph):
         lambda d: d.train_mask.__setitem__(0, not bool(d.train_mask[0])),
         lambda d: d.y.__setitem__(0, int(d.y[0]) + 1),
         lambda d: setattr(d, "extra", torch.zeros(d.num_nodes)),
+        # Content of every tensor, not only x, y, masks and edge_index:
+        lambda d: d.edge_weight.__setitem__(0, 5.0),
+        lambda d: d.edge_attr.__setitem__((1, 2), 7.0),
+        lambda d: setattr(d, "pos", torch.zeros(d.num_nodes, 2)),
     ):
         d = graph.clone()
         mutate(d)
@@ -228,3 +238,193 @@ def test_concurrent_writers(tmp_path, graph):
     assert [p.name for p in root.iterdir()] == [path.rsplit("/", 1)[-1]]
     for r in range(3):
         load_partition(path, r, num_parts=3, fingerprint=graph_fingerprint(graph))
+
+
+# -- stale partitions: every copied tensor is in the fingerprint -----------------------
+
+def _value_on_rank(path, num_parts, key, edge):
+    r"""The row of edge-level attribute ``key`` of global edge ``edge``, read
+    from the rank that holds the edge."""
+    for r in range(num_parts):
+        lp = load_partition(path, r, num_parts=num_parts)
+        hit = (lp.edge_ids == edge).nonzero().flatten()
+        if hit.numel():
+            return lp.edge_attrs[key][int(hit[0])]
+    raise AssertionError(f"no rank holds edge {edge}")
+
+
+@pytest.mark.parametrize("key, index, value", [
+    ("edge_weight", (0,), 5.0),        # [E]
+    ("edge_attr", (0, 2), 7.0),        # [E, 3]
+])
+def test_in_place_edit_of_edge_attribute_is_not_served_stale(tmp_path, graph, key,
+                                                             index, value):
+    before = partition_graph(graph, 3, root=tmp_path, progress=False)
+    assert _value_on_rank(before, 3, key, 0)[index[1:]] != value
+    graph[key][index] = value  # in place: shape, dtype and name unchanged
+    after = partition_graph(graph, 3, root=tmp_path, progress=False)
+    assert after != before  # a cache miss, not the old directory
+    row = _value_on_rank(after, 3, key, 0)
+    assert float(row[index[1:]]) == value
+    # Every rank holds the current values of every edge- and node-level tensor.
+    for r in range(3):
+        lp = load_partition(after, r, num_parts=3, fingerprint=graph_fingerprint(graph))
+        for k, v in lp.edge_attrs.items():
+            assert torch.equal(v, graph[k][lp.edge_ids]), k
+        for k, v in lp.node_attrs.items():
+            assert torch.equal(v, graph[k][lp.owned_ids]), k
+
+
+def test_in_place_edit_of_other_node_attribute_is_not_served_stale(tmp_path, graph):
+    graph.node_weight = torch.ones(graph.num_nodes)
+    before = partition_graph(graph, 2, root=tmp_path, progress=False)
+    graph.node_weight[3] = 9.0
+    after = partition_graph(graph, 2, root=tmp_path, progress=False)
+    assert after != before
+    for r in range(2):
+        lp = load_partition(after, r, num_parts=2)
+        assert torch.equal(lp.node_attrs["node_weight"], graph.node_weight[lp.owned_ids])
+
+
+def _fingerprint_v1(data):
+    # The previous definition (content of x, y, masks and edge_index only).
+    import hashlib
+
+    from lightning_fullgraph.partition.fingerprint import hash_tensor
+    h = hashlib.sha256()
+    h.update(b"lightning-fullgraph-graph-v1|")
+    h.update(f"num_nodes={int(data.num_nodes)}|".encode())
+    hash_tensor(h, data.edge_index)
+    for key in sorted(k for k in data.keys() if k != "edge_index"):
+        value = data[key]
+        if isinstance(value, torch.Tensor):
+            h.update(f"{key}:{tuple(value.shape)}:{value.dtype}|".encode())
+            if key in ("x", "y") or key.endswith("mask") or value.dtype == torch.bool:
+                hash_tensor(h, value)
+        elif isinstance(value, (int, float, str, bool)):
+            h.update(f"{key}={value!r}|".encode())
+    return h.hexdigest()
+
+
+def test_fingerprint_version_makes_old_caches_misses(graph):
+    # Also for graphs whose tensors v1 already hashed in full: a cache
+    # directory keyed by a v1 fingerprint is never looked up again.
+    del graph.edge_weight, graph.edge_attr
+    assert graph_fingerprint(graph) != _fingerprint_v1(graph)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
+def test_fingerprint_of_sparse_attribute(graph):
+    graph.adj = torch.sparse_coo_tensor(graph.edge_index, torch.ones(graph.num_edges),
+                                        (graph.num_nodes, graph.num_nodes))
+    fp = graph_fingerprint(graph)
+    other = graph.clone()
+    other.adj = torch.sparse_coo_tensor(graph.edge_index, torch.full((graph.num_edges,), 2.0),
+                                        (graph.num_nodes, graph.num_nodes))
+    assert graph_fingerprint(other) != fp
+    csr = graph.clone()
+    csr.adj = graph.adj.to_sparse_csr()
+    assert graph_fingerprint(csr) != fp  # another layout, same values
+    assert graph_fingerprint(csr) == graph_fingerprint(csr.clone())
+
+
+# -- a part file must belong to its manifest -----------------------------------------
+
+def _set_manifest_digest(path, name):
+    import hashlib
+    m = json.loads((path / "manifest.json").read_text())
+    m["files"][name] = hashlib.sha256((path / name).read_bytes()).hexdigest()
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+def test_part_file_of_another_graph_is_refused(tmp_path, make_graph):
+    import shutil
+    a, b = make_graph(seed=0), make_graph(seed=1)
+    path_a = partition_graph(a, 2, root=tmp_path / "a", progress=False)
+    path_b = partition_graph(b, 2, root=tmp_path / "b", progress=False)
+    shutil.copyfile(path_b / "part-0-of-2.pt", path_a / "part-0-of-2.pt")
+    msg = "part-0-of-2.pt was made for a different graph than its manifest"
+    with pytest.raises(StalePartitionError, match=msg + ".*mixes files of two partitions"):
+        load_partition(path_a, 0, num_parts=2)
+    # Even with a manifest whose sha256 matches the foreign file.
+    _set_manifest_digest(path_a, "part-0-of-2.pt")
+    with pytest.raises(StalePartitionError, match=msg):
+        load_partition(path_a, 0, num_parts=2)
+    load_partition(path_a, 1, num_parts=2)  # the other rank is still fine
+
+
+def test_part_file_with_other_options_is_refused(tmp_path, graph):
+    import shutil
+    p0 = partition_graph(graph, 2, root=tmp_path, progress=False, seed=0)
+    p1 = partition_graph(graph, 2, root=tmp_path, progress=False, seed=1)
+    shutil.copyfile(p1 / "part-1-of-2.pt", p0 / "part-1-of-2.pt")
+    _set_manifest_digest(p0, "part-1-of-2.pt")
+    with pytest.raises(PartitionFormatError, match="other partitioning options than its "
+                                                   "manifest"):
+        load_partition(p0, 1, num_parts=2)
+
+
+def test_save_partitions_refuses_options_other_than_the_parts(tmp_path, graph):
+    lps = build_local_partitions(graph, torch.arange(graph.num_nodes) % 2,
+                                 fingerprint="abc", options={"k": 1})
+    with pytest.raises(ValueError, match="differ from the options stored in the partitions"):
+        save_partitions(tmp_path / "d", lps, options={"k": 2})
+
+
+# -- refusing files that need more than weights_only=True ----------------------------
+
+def test_file_with_arbitrary_objects_is_refused_without_unsafe_advice(saved):
+    import argparse
+    _, path = saved
+    state = torch.load(path / "part-0-of-3.pt", weights_only=True)
+    state["options"] = argparse.Namespace(seed=0)  # not a tensor / plain container
+    torch.save(state, path / "part-0-of-3.pt")
+    _set_manifest_digest(path, "part-0-of-3.pt")
+    with pytest.raises(PartitionFormatError) as info:
+        load_partition(path, 0)
+    text = str(info.value)
+    assert "holds objects other than tensors and plain containers" in text
+    assert "argparse.Namespace" in text
+    assert "can run arbitrary code" in text and "lightning-fullgraph partition" in text
+    # torch's advice (retry with weights_only=False / allowlist globals) is never relayed.
+    for advice in ("weights_only", "add_safe_globals", "safe_globals", "trust"):
+        assert advice not in text
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+# -- unwritable cache directory -------------------------------------------------------
+
+def test_unwritable_cache_dir_is_a_clear_error(tmp_path, graph, read_only):
+    from lightning_fullgraph.partition import PartitionError, PartitionWriteError
+    root = tmp_path / "cache"
+    root.mkdir()
+    read_only(root)
+    with pytest.raises(PartitionWriteError) as info:
+        partition_graph(graph, 2, root=root, progress=False)
+    e = info.value
+    assert isinstance(e, PartitionError) and isinstance(e, OSError)
+    assert isinstance(e.__cause__, PermissionError)
+    text = str(e)
+    assert f"cannot write partitions to the cache directory {root}: permission denied" in text
+    for fix in ("cache_dir=", "LIGHTNING_FULLGRAPH_CACHE", "--cache-dir"):
+        assert fix in text
+    assert ".tmp-" not in text  # the hidden temporary path is not what the user chose
+    assert list(root.iterdir()) == []
+
+
+def test_unwritable_default_cache_root_names_the_environment_variable(tmp_path, graph,
+                                                                       read_only,
+                                                                       monkeypatch):
+    from lightning_fullgraph.partition import PartitionWriteError
+    monkeypatch.setenv("LIGHTNING_FULLGRAPH_CACHE", str(tmp_path / "ro" / "cache"))
+    read_only(tmp_path / "ro")  # the root cannot even be created
+    with pytest.raises(PartitionWriteError,
+                       match=r"cache directory .*ro/cache \(from the "
+                             r"LIGHTNING_FULLGRAPH_CACHE environment variable\)"):
+        partition_graph(graph, 2, progress=False)
+
+
+def test_read_only_cache_with_complete_partition_is_reused(tmp_path, graph, read_only):
+    path = partition_graph(graph, 2, root=tmp_path, progress=False)
+    read_only(tmp_path)
+    assert partition_graph(graph, 2, root=tmp_path, progress=False) == path
