@@ -11,9 +11,6 @@ from typing import List, Optional
 
 __all__ = ["main", "build_parser"]
 
-# Partition directory handed from the launching process to the ranks it starts.
-_PARTITION_ENV = "LIGHTNING_FULLGRAPH_PARTITION_DIR"
-
 _EPILOG = """examples:
   lightning-fullgraph train                              # GCN on Cora, 4 processes
   lightning-fullgraph train --devices 1 --strategy pyg   # the same on one process, plain PyG
@@ -39,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="cora", help="dataset name or spec (default: cora)")
     p.add_argument("--parts", type=int, default=4, help="number of parts = training processes")
     p.add_argument("--out", default=None,
-                   help="directory to write (default: the partition cache)")
+                   help="directory to write a copy to (new, empty, or an older partition "
+                        "directory, which is replaced; anything else is refused)")
     p.add_argument("--cache-dir", default=None, help="partition cache root")
     p.add_argument("--seed", type=int, default=0, help="METIS seed")
     p.add_argument("--force", action="store_true", help="re-partition even if cached")
@@ -71,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--kernels", default="auto", choices=["auto", "cpp", "triton", "torch", "pyg"],
                    help="aggregation backend ('pyg': PyG's own scatter path)")
     t.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds before ranks give up on a dead peer")
+                   help="collective timeout in seconds: a rank waiting longer for a stuck "
+                        "peer stops with an error naming the exchange (default: 300)")
+    t.add_argument("--startup-timeout", type=float, default=1800.0,
+                   help="seconds to wait for all processes to start and for rank 0 to "
+                        "partition the graph (default: 1800)")
+    t.add_argument("--num-classes", type=int, default=None,
+                   help="number of classes; labels are checked against it before "
+                        "partitioning (default: largest label + 1)")
     t.add_argument("--cache-dir", default=None, help="partition cache root")
     t.add_argument("--accelerator", default="cpu")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -80,18 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _partition(args) -> int:
-    from .partition import partition_graph, read_manifest
+    from .partition import export_partition, partition_graph, read_manifest
     data = _load(args)
-    root = args.cache_dir
-    path = partition_graph(data, args.parts, root=root, seed=args.seed, force=args.force,
-                           progress=not args.json)
+    path = partition_graph(data, args.parts, root=args.cache_dir, seed=args.seed,
+                           force=args.force)  # progress goes to stderr
     if args.out:
-        import shutil
-        out = os.path.abspath(args.out)
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        shutil.copytree(path, out)
-        path = out
+        path = export_partition(path, args.out)  # never deletes what it did not write
     manifest = read_manifest(path)
     if args.json:
         print(json.dumps({"directory": str(path), "num_parts": manifest["num_parts"],
@@ -109,8 +108,6 @@ def _train(args) -> int:
     from .module import NodeClassifier, build_model
 
     pl.seed_everything(args.seed, verbose=False)
-    is_dir = os.path.isdir(args.dataset)
-    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
     if args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
         data = _load(args)
@@ -120,22 +117,14 @@ def _train(args) -> int:
         if args.devices != 1:
             print("note: --strategy pyg runs on one process", file=sys.stderr)
     else:
-        # Only the launching process touches the global graph: it partitions (or hits
-        # the cache) and hands the directory to the ranks Lightning starts through
-        # the environment, so those load nothing but their own partition.
-        path = os.environ.get(_PARTITION_ENV) or (args.dataset if is_dir else None)
-        if path is None:
-            from .data import validate_graph
-            from .partition import partition_graph
-            data = _load(args)
-            validate_graph(data)
-            path = str(partition_graph(data, args.devices * args.num_nodes,
-                                       root=args.cache_dir, seed=args.seed))
-            os.environ[_PARTITION_ENV] = path
-            del data
-        datamodule = FullGraphDataModule(path)
+        # Only local rank 0 of each node touches the global graph (in prepare_data: it
+        # validates, partitions or hits the cache); every rank then loads its own part.
+        datamodule = FullGraphDataModule(args.dataset, cache_dir=args.cache_dir, seed=args.seed,
+                                         num_classes=args.num_classes,
+                                         transform=_feature_transform(args))
         kernels = None if args.kernels == "pyg" else args.kernels
-        strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout)
+        strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
+                                     startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
         num_features = num_classes = None  # sized from the partitions in configure_model
 
@@ -160,8 +149,10 @@ def _train(args) -> int:
     comm = dict(callbacks[0].last) if callbacks else {}
     val_acc = float(trainer.callback_metrics.get("val_acc", float("nan")))
     test = trainer.test(module, datamodule=datamodule, verbose=False)
+    nodes = datamodule.partition.num_nodes if args.strategy == "fullgraph" \
+        else int(datamodule.data.num_nodes)
     summary = {
-        "dataset": args.dataset, "model": args.model, "strategy": args.strategy,
+        "dataset": args.dataset, "nodes": nodes, "model": args.model, "strategy": args.strategy,
         "processes": trainer.world_size, "epochs": args.epochs, "seed": args.seed,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
@@ -171,7 +162,7 @@ def _train(args) -> int:
         "exchange_s_per_epoch": comm.get("comm/exchange_s"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }
-    if trainer.global_rank == 0 and rank == 0:
+    if trainer.global_rank == 0:
         if args.json:
             print(json.dumps(summary, indent=2), flush=True)
         else:
@@ -182,12 +173,17 @@ def _train(args) -> int:
 def _load(args):
     from .data import load_dataset
     data = load_dataset(args.dataset)
+    transform = _feature_transform(args)
+    return transform(data) if transform is not None else data
+
+
+def _feature_transform(args):
     normalize = args.normalize_features == "yes" or (
         args.normalize_features == "auto" and args.dataset.strip().lower() == "cora")
-    if normalize:
-        import torch_geometric.transforms as T
-        data = T.NormalizeFeatures()(data)
-    return data
+    if not normalize:
+        return None
+    import torch_geometric.transforms as T
+    return T.NormalizeFeatures()
 
 
 def _median_step(callbacks) -> Optional[float]:
@@ -213,6 +209,43 @@ def _print_summary(s: dict) -> None:
               f"{fmt(s['compute_s_per_epoch'], ' s')} per epoch (last epoch, mean over ranks)")
 
 
+# Errors every rank raises identically: printed by rank 0 only.
+def _same_on_every_rank(error: BaseException) -> bool:
+    from .compat import UntestedVersionError
+    from .data import GraphValidationError
+    from .engine import SparseAdjacencyError, UnsupportedLayerError
+    from .partition import PartitionMismatchError
+    return isinstance(error, (GraphValidationError, PartitionMismatchError,
+                              UnsupportedLayerError, SparseAdjacencyError,
+                              UntestedVersionError))
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    # Before the process group exists: torchrun sets RANK, Lightning's launcher LOCAL_RANK.
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
+
+
+def _report(command: str, error: BaseException) -> None:
+    r"""Prints an error once: the rank that caused it says why, the others stay quiet."""
+    from .engine.errors import is_peer_failure
+    rank = _rank()
+    prefix = f"lightning-fullgraph {command}: error"
+    if is_peer_failure(error):
+        # A consequence: the failing rank prints the cause.
+        if rank == 0:
+            print(f"{prefix}: stopped because another rank failed (its error is printed "
+                  "above or in its log)", file=sys.stderr)
+        return
+    if rank != 0 and _same_on_every_rank(error):
+        return
+    where = f" (rank {rank})" if rank != 0 or os.environ.get("WORLD_SIZE", "1") != "1" else ""
+    notes = "".join(f"\n  {note}" for note in getattr(error, "__notes__", ()))
+    print(f"{prefix}{where}: {error}{notes}", file=sys.stderr)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -221,10 +254,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         return {"partition": _partition, "train": _train}[args.command](args)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
+    except (ValueError, RuntimeError, OSError, TypeError, ImportError, IndexError) as e:
         if os.environ.get("LIGHTNING_FULLGRAPH_DEBUG"):
             raise
-        print(f"lightning-fullgraph {args.command}: error: {e}", file=sys.stderr)
+        _report(args.command, e)
         return 2
 
 

@@ -38,15 +38,49 @@ def test_bad_dataset_is_a_clear_error(capsys):
     assert "known datasets" in capsys.readouterr().err
 
 
+def _cli(tmp_path, *args, **env):
+    env = dict(os.environ, LIGHTNING_FULLGRAPH_CACHE=str(tmp_path / "cache"),
+               PYTHONPATH=str(ROOT), **env)
+    return subprocess.run([sys.executable, "-m", "lightning_fullgraph.cli", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+
+
 @pytest.mark.multiprocess
 def test_train_json_on_two_processes(tmp_path):
-    env = dict(os.environ, LIGHTNING_FULLGRAPH_CACHE=str(tmp_path), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "lightning_fullgraph.cli", "train",
-                           "--devices", "2", "--epochs", "20", "--json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    # A stale export of the variable an earlier version handed partitions over with, and
+    # a partition of another graph already in the cache, must change nothing.
+    other = tmp_path / "other"
+    assert main(["partition", "--dataset", "synthetic:nodes=500,degree=4", "--parts", "2",
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(other)]) == 0
+    proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "20", "--json",
+                LIGHTNING_FULLGRAPH_PARTITION_DIR=str(other))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    start = proc.stdout.index("{")
-    summary = json.loads(proc.stdout[start:proc.stdout.rindex("}") + 1])
+    summary = json.loads(proc.stdout)  # stdout is the JSON document and nothing else
+    assert summary["nodes"] == 2708  # Cora, not the stale partition
     assert summary["processes"] == 2
     assert summary["test_acc"] > 0.6
     assert summary["comm_MB_per_epoch_per_rank"] > 0
+
+
+@pytest.mark.multiprocess
+def test_train_error_is_printed_once(tmp_path):
+    proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "2", "--num-classes", "3")
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert proc.stderr.count("labels >= num_classes=3") == 1, proc.stderr[-4000:]
+    assert "Connection closed" not in proc.stderr, proc.stderr[-4000:]
+
+
+def test_partition_out_never_deletes_a_users_directory(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my work")
+    assert main(["partition", "--dataset", "cora", "--parts", "2", "--cache-dir",
+                 str(tmp_path / "cache"), "--out", str(out)]) == 2
+    assert "notes.txt" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "my work"
+    # An older partition directory is replaced.
+    parts = tmp_path / "parts"
+    for n in (2, 3):
+        assert main(["partition", "--dataset", "cora", "--parts", str(n), "--cache-dir",
+                     str(tmp_path / "cache"), "--out", str(parts)]) == 0
+    assert sorted(p.name for p in parts.iterdir())[:2] == ["manifest.json", "part-0-of-3.pt"]

@@ -10,7 +10,7 @@ parts and options) and then every rank loads only its own partition in
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import lightning.pytorch as pl
 import torch
@@ -58,7 +58,11 @@ class FullGraphDataModule(pl.LightningDataModule):
         seed (int): METIS seed.
         validate (bool): Check the graph (NaN features, labels out of range,
             masks, ...) before partitioning.
-        num_classes (int, optional): Number of classes, for label checks.
+        num_classes (int, optional): Number of classes: labels are checked against it
+            before partitioning (without it, it is inferred as the largest label + 1).
+        transform (Callable, optional): Applied to the global graph before it is
+            validated and partitioned (e.g. ``torch_geometric.transforms.NormalizeFeatures()``),
+            as PyG datasets apply ``transform``; its result decides the partition cache key.
 
     Only local rank 0 of each node loads the global graph when :obj:`data` is a
     name or path, and it drops it once the partitions are written: during
@@ -67,7 +71,8 @@ class FullGraphDataModule(pl.LightningDataModule):
 
     def __init__(self, data: Union[Data, str, os.PathLike], num_parts: Optional[int] = None,
                  cache_dir: Optional[str] = None, seed: int = 0, validate: bool = True,
-                 num_classes: Optional[int] = None) -> None:
+                 num_classes: Optional[int] = None,
+                 transform: Optional[Callable[[Data], Data]] = None) -> None:
         super().__init__()
         self._data = data if isinstance(data, Data) else None
         self._source = None if isinstance(data, Data) else str(data)
@@ -76,6 +81,7 @@ class FullGraphDataModule(pl.LightningDataModule):
         self.seed = seed
         self.validate = validate
         self.num_classes_arg = num_classes
+        self.transform = transform
         self._num_classes: Optional[int] = None
         self.partition_dir: Optional[Path] = None
         self.partition = None  # LocalPartition of this rank after setup()
@@ -92,9 +98,12 @@ class FullGraphDataModule(pl.LightningDataModule):
 
     def _global_graph(self) -> Data:
         if self._data is not None:
-            return self._data
-        from . import load_dataset
-        return load_dataset(self._source)
+            data = self._data
+        else:
+            from . import load_dataset
+            data = load_dataset(self._source)
+        return self.transform(data.clone() if data is self._data else data) \
+            if self.transform is not None else data
 
     # -- Lightning hooks -------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -120,7 +129,8 @@ class FullGraphDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if self.partition_dir is None and trainer is None and rank == 0:
             self.prepare_data()
-        path = str(self.partition_dir) if self.partition_dir is not None else None
+        local = self.partition_dir
+        path = str(local) if local is not None else None
         if trainer is not None:
             path = trainer.strategy.broadcast(path, src=0)
         elif dist.is_initialized():
@@ -129,12 +139,25 @@ class FullGraphDataModule(pl.LightningDataModule):
             path = box[0]
         if path is None:
             raise RuntimeError("no partition directory: prepare_data() did not run on rank 0")
-        self.partition_dir = Path(path)
+        self.partition_dir = self._resolve(Path(path), local)
         self.partition = load_partition(self.partition_dir, rank, num_parts=world)
         self._local = self.partition.to_data()
         self._num_classes = self._global_num_classes()
         if self._source is not None:
             self._data = None  # the global graph is not kept past partitioning
+
+    def _resolve(self, broadcast: Path, local: Optional[Path]) -> Path:
+        # Every node partitions into its own cache (prepare_data runs on each node's local
+        # rank 0), possibly under another root than rank 0's: prefer this node's copy,
+        # found by the same directory name under this process's cache root.
+        if local is not None:
+            return local
+        if self._source is not None and Path(self._source).is_dir():
+            return broadcast
+        from ..partition import default_cache_root
+        root = Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_root()
+        mine = root / broadcast.name
+        return mine if (mine / "manifest.json").is_file() else broadcast
 
     @property
     def local_data(self) -> Data:
