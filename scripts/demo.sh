@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: GCN on Cora, 4 processes, accuracy and traffic.
+# Installs into the checkout's virtual environment first (scripts/install.sh: skipped when up
+# to date); arguments are added to `lightning-fullgraph train` (see --help).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
 bash scripts/install.sh
-exec lightning-fullgraph train --dataset cora --model gcn --devices 4 --epochs 200 "$@"
+VENV=${LIGHTNING_FULLGRAPH_VENV:-.venv}
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
+exec "$VENV/bin/lightning-fullgraph" train --dataset cora --model gcn --devices 4 --epochs 200 "$@"

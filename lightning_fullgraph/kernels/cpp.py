@@ -2,7 +2,10 @@
 
 The extension is compiled on first use with :func:`torch.utils.cpp_extension.load`
 into a persistent build directory keyed by a hash of the source, the torch version
-and the host CPU, so later processes only ``dlopen`` the cached library. Building
+and the host CPU, so later processes only ``dlopen`` the cached library; the sources are
+compiled from a copy inside that directory, so every location of the package (a checkout,
+an installed wheel) with the same sources shares one build. An actual compilation (not a
+cached load) prints one line to stderr on local rank 0, and its duration when done. Building
 never touches CUDA (``with_cuda=False``). When the sources are missing, no compiler
 is available, or ``LIGHTNING_FULLGRAPH_NO_EXT=1`` is set, :func:`load` returns
 ``None`` after a single warning and callers use the pure-PyTorch reference.
@@ -17,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +34,7 @@ __all__ = ["load", "is_available", "source_dir", "build_dir", "disabled_by_env"]
 
 _ENV_NO_EXT = "LIGHTNING_FULLGRAPH_NO_EXT"
 _SOURCES = ("aggregate.cpp",)
+_NAME = "lightning_fullgraph_cpu_aggr"
 
 _lock = threading.Lock()
 _module: Optional[ModuleType] = None
@@ -44,11 +50,16 @@ def source_dir() -> Optional[Path]:
     """Directory holding the C++ sources, or ``None`` when they cannot be found.
 
     The sources live in the top-level ``csrc/`` of a source/editable checkout
-    (``<repo>/lightning_fullgraph/kernels/cpp.py`` -> ``<repo>/csrc``); a copy under
-    ``lightning_fullgraph/kernels/csrc`` (package data of a wheel) is used otherwise.
+    (``<repo>/lightning_fullgraph/kernels/cpp.py`` -> ``<repo>/csrc``, recognized by the
+    ``pyproject.toml`` beside it); an installed wheel carries a copy in
+    ``lightning_fullgraph/kernels/csrc`` (put there by ``setup.py``'s ``build_py``).
     """
     here = Path(__file__).resolve()
-    for cand in (here.parents[2] / "csrc", here.parent / "csrc"):
+    repo = here.parents[2]
+    candidates = [here.parent / "csrc"]
+    if (repo / "pyproject.toml").is_file():
+        candidates.insert(0, repo / "csrc")
+    for cand in candidates:
         if all((cand / s).is_file() for s in _SOURCES):
             return cand
     return None
@@ -69,15 +80,45 @@ def _cpu_tag() -> str:
     return platform.machine() + hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def _files(src: Path) -> List[str]:
+    """Names of the files compiled (``_SOURCES``) or included (``*.h``) from ``src``."""
+    return list(_SOURCES) + sorted(p.name for p in src.glob("*.h") if p.is_file())
+
+
 def build_dir(src: Path) -> Path:
     """Persistent build directory for the given source directory."""
     h = hashlib.sha256()
-    for s in _SOURCES:
+    for s in _files(src):
+        h.update(s.encode() + b"\0")
         h.update((src / s).read_bytes())
     h.update(torch.__version__.encode())
     h.update(_cpu_tag().encode())
     root = Path(os.environ.get("LIGHTNING_FULLGRAPH_CACHE", Path.home() / ".cache" / "lightning_fullgraph"))
     return root / "ext" / h.hexdigest()[:16]
+
+
+def _stage_sources(src: Path, bdir: Path) -> List[Path]:
+    """Copy the sources into ``bdir/src`` and return the paths to compile.
+
+    ninja rebuilds when a compile command changes, and the command names the source path:
+    compiling from the package's own location would make a source checkout and an installed
+    wheel (or two checkouts) with identical sources rebuild each other's cached library.
+    Compiling the copy inside the build directory, which is keyed by the source contents,
+    makes the command identical for every location. Files are replaced atomically, and only
+    when their contents differ, so concurrent ranks never see a partial file and an unchanged
+    copy keeps its timestamp.
+    """
+    staged = bdir / "src"
+    staged.mkdir(parents=True, exist_ok=True)
+    for name in _files(src):
+        data = (src / name).read_bytes()
+        dst = staged / name
+        if dst.is_file() and dst.read_bytes() == data:
+            continue
+        tmp = staged / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, dst)
+    return [staged / s for s in _SOURCES]
 
 
 def _cflags() -> List[str]:
@@ -87,6 +128,15 @@ def _cflags() -> List[str]:
     elif platform.machine() in ("aarch64", "arm64"):
         flags += ["-mcpu=native"]
     return flags
+
+
+def _is_local_rank_zero() -> bool:
+    # One line per machine, not one per process: launchers set LOCAL_RANK for every rank.
+    return os.environ.get("LOCAL_RANK", "0") in ("", "0")
+
+
+def _note(message: str) -> None:
+    print(f"lightning-fullgraph: {message}", file=sys.stderr, flush=True)
 
 
 def load(verbose: bool = False) -> Optional[ModuleType]:
@@ -114,17 +164,30 @@ def load(verbose: bool = False) -> Optional[ModuleType]:
                 raise FileNotFoundError("C++ sources (csrc/aggregate.cpp) not found next to the package")
             bdir = build_dir(src)
             bdir.mkdir(parents=True, exist_ok=True)
+            sources = _stage_sources(src, bdir)
             from torch.utils import cpp_extension
 
+            # The build directory is keyed by the source hash, so a library already there
+            # is loaded as is; otherwise this process compiles (or waits for the process
+            # of this machine that does: torch serializes builds with a lock file).
+            compiling = not (bdir / f"{_NAME}.so").is_file()
+            announce = compiling and _is_local_rank_zero()
+            if announce:
+                _note(f"compiling the C++ aggregation kernels for this CPU (first use, about a "
+                      f"minute) into {bdir} ...")
+            start = time.perf_counter()
             _module = cpp_extension.load(
-                name="lightning_fullgraph_cpu_aggr",
-                sources=[str(src / s) for s in _SOURCES],
+                name=_NAME,
+                sources=[str(s) for s in sources],
                 extra_cflags=_cflags(),
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(bdir),
                 with_cuda=False,
                 verbose=verbose,
             )
+            if announce:
+                _note(f"C++ aggregation kernels compiled in {time.perf_counter() - start:.0f} s "
+                      "(cached for later runs)")
         except Exception as exc:  # compiler missing, ninja missing, build error, ...
             _failed = True
             warnings.warn(

@@ -6,9 +6,13 @@ import torch
 import torch_geometric.nn as gnn
 
 import lightning_fullgraph.kernels as K
-from kernel_testutils import make_graph
+from kernel_testutils import make_graph, skip_or_fail
 
-pytest.importorskip("triton")
+try:
+    import triton  # noqa: F401
+except ImportError as exc:
+    skip_or_fail(f"triton is not installed ({exc}); pip install 'lightning-fullgraph[triton]'",
+                 allow_module_level=True)
 
 interpreted = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton_device = pytest.mark.skipif(not (torch.cuda.is_available() or interpreted),
