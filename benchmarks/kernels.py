@@ -6,11 +6,28 @@ Usage::
     python benchmarks/kernels.py                         # 1M nodes / 16M edges, F in {16,64,128,256}
     python benchmarks/kernels.py --features 128 --json out.json
 
-For each graph case and feature width F it times one forward and one forward+backward of
-an unweighted sum aggregation (``out[d] = sum_{(s,d)} x[s]``) and reports the effective
-bandwidth of a forward in the model ``E*F*4 + N*F*4 + E*8 + N*8`` bytes against the
-machine's measured copy bandwidth (``dst.copy_(src)`` on a large buffer, read + write).
-It also times epochs of a 2-layer GCN and GraphSAGE with and without the backend.
+For each graph case and feature width F it times a forward and a forward+backward of an
+unweighted sum aggregation (``out[d] = sum_{(s,d)} x[s]``) for every contender (PyG's
+gather-scatter, ``torch.sparse.mm`` on CSR, torch-scatter's ``segment_csr`` if installed,
+ours, and ours validating its CSR on every call), each with the same warm-up and the same
+number of repeats R, reporting the best and the median of R.
+
+The forward's bandwidth is reported under two byte counts:
+
+* **per-edge bytes** ``E*F*4 + N*F*4 + E*8 + N*8``: one source-row read per edge. The
+  operation does not have to move these bytes (a source row feeding several destinations
+  can come from cache), so its "share of bandwidth" can exceed 100 % on cache-resident
+  graphs;
+* **minimum bytes**: each *used* source row read once (unique sources counted) + each
+  output row written once + the CSR arrays at their real dtypes (+ weights if any): what
+  any implementation must move at least.
+
+Each against two bandwidths measured in the same run with the same threads, just before
+each graph case: **copy** (``dst.copy_(src)``, read + write counted) and **read**
+(``src.sum()``, read only), best of R. The load average is recorded with them: on a
+shared machine both the bandwidths and the timings move, and ratios measured in the same
+run are the meaningful numbers. It also times epochs of a 2-layer GCN and GraphSAGE with
+and without the backend (first epoch and best/median of the following ones, both).
 
 Tip: ``THP_MEM_ALLOC_ENABLE=1`` makes PyTorch back large CPU tensors with transparent
 huge pages, which removes most TLB misses of the random row gather (and raises the
@@ -22,9 +39,10 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -71,21 +89,26 @@ QUICK_CASES = {
     "small": (20_000, 200_000, 2.0, 2.0),
     "skewed": (100_000, 1_600_000, 1.5, 6.0),
 }
+# Feature widths per case unless --features is given.
+CASE_FEATURES = {"powerlaw": [16, 64, 128, 256], "small": [128], "skewed": [128]}
+QUICK_FEATURES = [16, 128]
 
 # --------------------------------------------------------------------------- machine
 
 
-def copy_bandwidth(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
-    """Best-of-``repeats`` ``dst.copy_(src)`` bandwidth in bytes/s (read + write counted)."""
+def bandwidths(num_bytes: int = 1 << 29, repeats: int = 5) -> dict:
+    """Copy (``dst.copy_(src)``, read + write counted) and read-only (``src.sum()``) bandwidth.
+
+    Both on ``num_bytes`` fp32 buffers with the current torch thread count; bytes/s, best
+    and median of ``repeats`` (after one untimed run that faults the pages in).
+    """
     src = torch.ones(num_bytes // 4)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # fault pages in before timing
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * num_bytes / best
+    copy = timeit(lambda: dst.copy_(src), repeats, 1)
+    read = timeit(lambda: src.sum(), repeats, 1)
+    return dict(copy_best=2 * num_bytes / min(copy), copy_median=2 * num_bytes / statistics.median(copy),
+                read_best=num_bytes / min(read), read_median=num_bytes / statistics.median(read),
+                threads=torch.get_num_threads(), load_avg=os.getloadavg())
 
 
 def mem_available() -> int:
@@ -99,7 +122,8 @@ def mem_available() -> int:
     return 1 << 40
 
 
-def timeit(fn: Callable[[], None], repeats: int, warmup: int) -> float:
+def timeit(fn: Callable[[], None], repeats: int, warmup: int) -> List[float]:
+    """Wall times of ``repeats`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
     times = []
@@ -107,8 +131,25 @@ def timeit(fn: Callable[[], None], repeats: int, warmup: int) -> float:
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    # Minimum: the machine may be shared, and interference only ever adds time.
-    return min(times)
+    return times
+
+
+def best_median(times: Optional[List[float]]) -> Tuple[Optional[float], Optional[float]]:
+    """``(min, median)``: the minimum because interference on a shared machine only ever adds
+    time, the median to show how much it did."""
+    if not times:
+        return None, None
+    return min(times), statistics.median(times)
+
+
+def byte_models(csr, f: int, itemsize: int = 4, weighted: bool = False) -> dict:
+    """Bytes of one forward under the two models (see the module docstring)."""
+    n, e = csr.num_dst, csr.num_edges
+    used = int(torch.count_nonzero(torch.bincount(csr.col.long(), minlength=csr.num_src)))
+    per_edge = e * f * 4 + n * f * 4 + e * 8 + n * 8
+    minimum = (used * f * itemsize + n * f * itemsize + csr.rowptr.numel() * csr.rowptr.element_size()
+               + e * csr.col.element_size() + (e * itemsize if weighted else 0))
+    return dict(per_edge=per_edge, minimum=minimum, used_sources=used)
 
 
 # --------------------------------------------------------------------------- methods
@@ -144,10 +185,39 @@ def make_methods(edge_index: torch.Tensor, n: int):
         pass
 
     methods["ours"] = lambda x: K.aggregate(x, edge_index, None, "sum", n, backend="auto")
+
+    def fresh_views(x):
+        # Ours on new views of the same CSR arrays every call: the ops recognise validated
+        # tensors by identity, so each call (forward and backward) runs the full validation
+        # pass, without evicting what "ours" validated. The difference to "ours" is the
+        # cost of validating at the op boundary on every call.
+        g = K.CSRGraph(csr.rowptr.view(-1), csr.col.view(-1), csr.perm, csr.t_rowptr.view(-1), csr.t_col.view(-1),
+                       csr.t_perm.view(-1), csr.num_src, csr.num_dst)
+        return K.aggregate(x, g, None, "sum", n, backend="auto")
+
+    methods["ours_check_every_call"] = fresh_views
     return methods
 
 
-def bench_case(name: str, spec, features: List[int], args, bw: float) -> List[dict]:
+def _validation_pass_times(csr, repeats: int) -> Optional[List[float]]:
+    """Wall times of the C++ validation pass alone (``check_csr``, never cached)."""
+    from lightning_fullgraph.kernels import cpp
+
+    mod = cpp.load()
+    if mod is None or not hasattr(mod, "check_csr"):
+        return None
+    return timeit(lambda: mod.check_csr(csr.rowptr, csr.col, csr.num_src), repeats, 1)
+
+
+def _fwd_bwd(fn: Callable, xg: torch.Tensor, grad: torch.Tensor) -> None:
+    out = fn(xg)
+    out.backward(grad)
+    xg.grad = None
+
+
+def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], dict]:
+    import gc
+
     import lightning_fullgraph.kernels as K
 
     n, e, s_skew, d_skew = spec
@@ -155,75 +225,155 @@ def bench_case(name: str, spec, features: List[int], args, bw: float) -> List[di
     ei = power_law_graph(n, e, src_skew=s_skew, dst_skew=d_skew, seed=args.seed)
     gen_s = time.perf_counter() - t
     t = time.perf_counter()
-    K.get_csr(ei, n, n)  # one-off CSR + transpose build, cached afterwards
+    csr = K.get_csr(ei, n, n)  # one-off CSR + transpose build, cached afterwards
     csr_s = time.perf_counter() - t
     max_in = int(torch.bincount(ei[1], minlength=n).max())
-    print(f"# case {name}: N={n:,} E={e:,} max in-degree {max_in:,}; generate {gen_s:.1f}s, CSR build {csr_s:.1f}s",
+    bw = bandwidths(repeats=max(args.repeats, 5))
+    vpass = best_median(_validation_pass_times(csr, max(args.repeats, 5)))
+    info = dict(case=name, nodes=n, edges=e, max_in_degree=max_in, generate_s=gen_s, csr_build_s=csr_s,
+                validation_pass_best_s=vpass[0], validation_pass_median_s=vpass[1], threads=bw["threads"],
+                load_avg=bw["load_avg"], copy_best_gbs=bw["copy_best"] / 1e9, copy_median_gbs=bw["copy_median"] / 1e9,
+                read_best_gbs=bw["read_best"] / 1e9, read_median_gbs=bw["read_median"] / 1e9)
+    print(f"# case {name}: N={n:,} E={e:,} max in-degree {max_in:,}; generate {gen_s:.1f}s, CSR build {csr_s:.1f}s; "
+          f"load {bw['load_avg'][0]:.2f}, {bw['threads']} threads: copy {bw['copy_best'] / 1e9:.1f} GB/s, "
+          f"read {bw['read_best'] / 1e9:.1f} GB/s (best; median {bw['copy_median'] / 1e9:.1f} / "
+          f"{bw['read_median'] / 1e9:.1f})" + (f"; validation pass {vpass[0] * 1e3:.1f} ms" if vpass[0] else ""),
           flush=True)
-    methods = make_methods(ei, n)
+    methods = {k: v for k, v in make_methods(ei, n).items() if k in args.methods}
     rows = []
     for f in features:
         x = torch.randn(n, f)
-        eff_bytes = e * f * 4 + n * f * 4 + e * 8 + n * 8
+        xg = x.clone().requires_grad_()
         grad = torch.randn(n, f)
+        models = byte_models(csr, f)
+        # Bandwidths again for this F, right before its timings (the load moves).
+        bwf = bandwidths(repeats=5)
+        active = []
         for mname, fn in methods.items():
-            if mname not in args.methods:
-                continue
-            row = dict(case=name, nodes=n, edges=e, F=f, method=mname)
-            heavy = mname != "ours"
+            row = dict(case=name, nodes=n, edges=e, F=f, method=mname, repeats=args.repeats, warmup=1,
+                       per_edge_bytes=models["per_edge"], minimum_bytes=models["minimum"],
+                       used_sources=models["used_sources"], threads=bwf["threads"],
+                       copy_best_gbs=bwf["copy_best"] / 1e9, read_best_gbs=bwf["read_best"] / 1e9,
+                       load_avg_before=os.getloadavg()[0])
             # Gather/scatter paths materialise E x F messages (and their gradient in
-            # backward); skip what cannot fit in the memory available right now.
+            # backward); skip what cannot fit in the memory available right now (with
+            # headroom: the machine may be shared).
             msg_bytes = e * f * 4 if mname in ("pyg", "torch_scatter") else 0
-            can_fwd = 1.3 * msg_bytes < mem_available()
-            can_bwd = 2.3 * msg_bytes < mem_available()
-            if not can_fwd:
-                row.update(fwd_s=None, fwd_bwd_s=None, note="skipped: E*F message tensor exceeds free memory")
-                rows.append(row)
-                print(_fmt_row(row, bw), flush=True)
-                continue
-            reps = 1 if heavy and e * f > 2e8 else args.repeats
-            warm = 0 if heavy and e * f > 2e8 else 1
-            fwd = timeit(lambda: fn(x), reps, warm)
-            xg = x.clone().requires_grad_()
-
-            def fwd_bwd():
-                out = fn(xg)
-                out.backward(grad)
-                xg.grad = None
-
-            fb = timeit(fwd_bwd, reps, warm) if can_bwd else None
-            if fb is None:
-                row["note"] = "fwd+bwd skipped: 2 x E*F tensors exceed free memory"
-            row.update(fwd_s=fwd, fwd_bwd_s=fb, eff_gbs=eff_bytes / fwd / 1e9, pct_copy_bw=100 * eff_bytes / fwd / bw)
+            dense = 3 * n * f * 4
+            if 1.3 * msg_bytes + dense >= mem_available():
+                row.update(note="skipped: E*F message tensor exceeds free memory")
+            else:
+                can_bwd = 2.3 * msg_bytes + dense < mem_available()
+                if not can_bwd:
+                    row["note"] = "fwd+bwd skipped: 2 x E*F tensors exceed free memory"
+                active.append((mname, fn, row, can_bwd))
             rows.append(row)
-            print(_fmt_row(row, bw), flush=True)
-        del x, grad
-        import gc
 
+        # One warm-up each, then R rounds in which every contender runs once (round robin:
+        # load from other jobs falls on all of them alike, and no contender always runs
+        # right after another's large allocations).
+        for _, fn, _, can_bwd in active:
+            fn(x)
+            if can_bwd:
+                _fwd_bwd(fn, xg, grad)
+        times = {m: ([], []) for m, *_ in active}
+        for _ in range(args.repeats):
+            for mname, fn, _, _ in active:
+                t = time.perf_counter()
+                fn(x)
+                times[mname][0].append(time.perf_counter() - t)
+        for _ in range(args.repeats):
+            for mname, fn, _, can_bwd in active:
+                if can_bwd:
+                    t = time.perf_counter()
+                    _fwd_bwd(fn, xg, grad)
+                    times[mname][1].append(time.perf_counter() - t)
+        for mname, _, row, _ in active:
+            fwd, fb = times[mname]
+            (f_best, f_med), (fb_best, fb_med) = best_median(fwd), best_median(fb)
+            row.update(fwd_best_s=f_best, fwd_median_s=f_med, fwd_times_s=fwd, fwd_bwd_best_s=fb_best,
+                       fwd_bwd_median_s=fb_med, fwd_bwd_times_s=fb or None, load_avg_after=os.getloadavg()[0])
+            for model in ("per_edge", "minimum"):
+                gbs = models[model] / f_best / 1e9
+                row[f"{model}_gbs"] = gbs
+                row[f"{model}_pct_copy"] = 100 * gbs / row["copy_best_gbs"]
+                row[f"{model}_pct_read"] = 100 * gbs / row["read_best_gbs"]
+        print(f"# F={f}: load {bwf['load_avg'][0]:.2f}, copy {bwf['copy_best'] / 1e9:.1f} GB/s, read "
+              f"{bwf['read_best'] / 1e9:.1f} GB/s (best of 5, {bwf['threads']} threads)", flush=True)
+        for row in rows:
+            if row["F"] == f:
+                print(_fmt_row(row), flush=True)
+        del x, xg, grad
         gc.collect()
-        K.clear_cache()  # also returns idle pooled buffers to the OS
-    # speed-ups of ours vs the others, per F
+        from lightning_fullgraph.kernels import cpp
+
+        if cpp._module is not None:
+            cpp._module.clear_pool()  # idle pooled outputs of this width back to the OS
+    # speed-ups of ours vs the others, per F (best vs best)
     for f in features:
-        ours = next((r for r in rows if r["F"] == f and r["method"] == "ours" and r.get("fwd_s")), None)
+        ours = next((r for r in rows if r["F"] == f and r["method"] == "ours" and r.get("fwd_best_s")), None)
         if ours is None:
             continue
         for r in rows:
-            if r["F"] == f and r.get("fwd_s") and r["method"] != "ours":
-                r["ours_speedup_fwd"] = r["fwd_s"] / ours["fwd_s"]
-                if r.get("fwd_bwd_s"):
-                    r["ours_speedup_fwd_bwd"] = r["fwd_bwd_s"] / ours["fwd_bwd_s"]
-                print(f"# F={f}: ours vs {r['method']}: fwd x{r['ours_speedup_fwd']:.1f}, "
-                      f"fwd+bwd x{r.get('ours_speedup_fwd_bwd', float('nan')):.1f}")
-    K.clear_cache()
-    return rows
+            if r["F"] == f and r.get("fwd_best_s") and r["method"] != "ours":
+                r["ours_speedup_fwd"] = r["fwd_best_s"] / ours["fwd_best_s"]
+                if r.get("fwd_bwd_best_s") and ours.get("fwd_bwd_best_s"):
+                    r["ours_speedup_fwd_bwd"] = r["fwd_bwd_best_s"] / ours["fwd_bwd_best_s"]
+                print(f"# F={f}: {r['method']} / ours (best of {args.repeats}): fwd x{r['ours_speedup_fwd']:.2f}, "
+                      f"fwd+bwd x{r.get('ours_speedup_fwd_bwd', float('nan')):.2f}")
+    del methods, csr
+    K.clear_cache()  # also returns idle pooled buffers to the OS
+    return rows, info
 
 
-def _fmt_row(r: dict, bw: float) -> str:
-    if r.get("fwd_s") is None:
-        return f"{r['case']:>9} {r['F']:>4} {r['method']:>14} {'-':>9} {'-':>9} {'-':>7} {'-':>6}  {r.get('note', '')}"
-    fb = f"{r['fwd_bwd_s']:9.3f}" if r.get("fwd_bwd_s") else f"{'-':>9}"
-    return (f"{r['case']:>9} {r['F']:>4} {r['method']:>14} {r['fwd_s']:9.3f} {fb} "
-            f"{r['eff_gbs']:7.2f} {r['pct_copy_bw']:5.1f}%  {r.get('note', '')}")
+HEADER = (f"{'case':>9} {'F':>4} {'method':>22} {'fwd best/med [s]':>17} {'fwd+bwd best/med [s]':>21} | "
+          f"{'per-edge GB/s %copy %read':>25} | {'minimum GB/s %copy %read':>24}")
+
+
+def _fmt_row(r: dict) -> str:
+    head = f"{r['case']:>9} {r['F']:>4} {r['method']:>22}"
+    if r.get("fwd_best_s") is None:
+        return f"{head} {'-':>17} {'-':>21} | {'-':>25} | {'-':>24}  {r.get('note', '')}"
+    fwd = f"{r['fwd_best_s']:.3f}/{r['fwd_median_s']:.3f}"
+    fb = f"{r['fwd_bwd_best_s']:.3f}/{r['fwd_bwd_median_s']:.3f}" if r.get("fwd_bwd_best_s") else "-"
+    pe = f"{r['per_edge_gbs']:7.2f} {r['per_edge_pct_copy']:5.1f}% {r['per_edge_pct_read']:5.1f}%"
+    mn = f"{r['minimum_gbs']:6.2f} {r['minimum_pct_copy']:5.1f}% {r['minimum_pct_read']:5.1f}%"
+    return f"{head} {fwd:>17} {fb:>21} | {pe:>25} | {mn:>24}  {r.get('note', '')}"
+
+
+def markdown_table(rows: List[dict], case_info: List[dict]) -> str:
+    """The README table: seconds fwd / fwd+bwd (best of R) per contender, and ours' forward
+    bandwidth under both byte models against the copy and read bandwidths measured for that F."""
+    methods = [m for m in ("pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_check_every_call")
+               if any(r["method"] == m for r in rows)]
+    names = {"pyg": "PyG gather-scatter", "sparse_csr_mm": "`torch.sparse.mm` CSR", "torch_scatter": "torch-scatter",
+             "ours": "ours", "ours_check_every_call": "ours, validating every call"}
+    head = ["case", "F", "load; copy / read GB/s"] + [names[m] for m in methods] + [
+        "ours fwd, per-edge bytes: GB/s (% copy / % read)", "ours fwd, minimum bytes: GB/s (% copy / % read)"]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    keys = list(dict.fromkeys((r["case"], r["F"]) for r in rows))
+    last_case = None
+    for key in keys:
+        group = {r["method"]: r for r in rows if (r["case"], r["F"]) == key}
+        r0 = next(iter(group.values()))
+        label = f"{r0['case']} {r0['nodes'] / 1e6:g}M/{r0['edges'] / 1e6:g}M" if key[0] != last_case else ""
+        last_case = key[0]
+        cells = [label, str(key[1]), f"{r0['load_avg_before']:.1f}; {r0['copy_best_gbs']:.1f} / {r0['read_best_gbs']:.1f}"]
+        for m in methods:
+            r = group.get(m)
+            if r is None or r.get("fwd_best_s") is None:
+                cells.append("not run (memory)" if r is not None else "-")
+                continue
+            fb = f"{r['fwd_bwd_best_s']:.3f}" if r.get("fwd_bwd_best_s") else "not run (memory)"
+            cells.append(f"{r['fwd_best_s']:.3f} / {fb}")
+        ours = group.get("ours")
+        if ours and ours.get("fwd_best_s"):
+            cells += [f"{ours['per_edge_gbs']:.1f} ({ours['per_edge_pct_copy']:.0f} % / {ours['per_edge_pct_read']:.0f} %)",
+                      f"{ours['minimum_gbs']:.1f} ({ours['minimum_pct_copy']:.0f} % / {ours['minimum_pct_read']:.0f} %)"]
+        else:
+            cells += ["-", "-"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- end to end
@@ -266,15 +416,25 @@ def bench_e2e(spec, args) -> List[dict]:
                 opt.step()
 
             with K.use(None if backend == "off" else backend):
+                load = os.getloadavg()[0]
                 t = time.perf_counter()
                 epoch()  # first epoch (ours: includes the one-off CSR build)
                 first = time.perf_counter() - t
-                steady = timeit(epoch, args.e2e_epochs, 0) if backend != "off" else first
-            row = dict(model=model_name, backend=backend, first_epoch_s=first, epoch_s=steady)
+                times = timeit(epoch, args.e2e_epochs, 0)  # the same number for both backends
+            best, med = best_median(times)
+            row = dict(model=model_name, backend=backend, features=f_in, hidden=hidden, first_epoch_s=first,
+                       epoch_best_s=best, epoch_median_s=med, epoch_times_s=times, load_avg_before=load)
             rows.append(row)
-            print(f"# e2e {model_name:>9} backend={backend:>4}: first epoch {first:7.2f}s, epoch {steady:7.2f}s",
-                  flush=True)
+            print(f"# e2e {model_name:>9} backend={backend:>4}: first epoch {first:7.2f}s, then best {best:7.2f}s / "
+                  f"median {med:7.2f}s of {len(times)} (load {load:.2f})", flush=True)
             K.clear_cache()
+    for model_name in ("GCN", "GraphSAGE"):
+        off = next((r for r in rows if r["model"] == model_name and r["backend"] == "off" and "epoch_best_s" in r), None)
+        on = next((r for r in rows if r["model"] == model_name and r["backend"] != "off" and "epoch_best_s" in r), None)
+        if off and on:
+            on["speedup_vs_off"] = off["epoch_best_s"] / on["epoch_best_s"]
+            print(f"# e2e {model_name}: epoch {off['epoch_best_s']:.2f}s -> {on['epoch_best_s']:.2f}s "
+                  f"(x{on['speedup_vs_off']:.1f}, best of {args.e2e_epochs})")
     return rows
 
 
@@ -285,9 +445,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small graphs, F in {16, 128}, fast")
     p.add_argument("--cases", nargs="+", default=None, help=f"subset of {list(CASES)}")
-    p.add_argument("--features", nargs="+", type=int, default=None)
-    p.add_argument("--methods", nargs="+", default=["pyg", "sparse_csr_mm", "torch_scatter", "ours"])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--features", nargs="+", type=int, default=None,
+                   help=f"feature widths for every case (default per case: {CASE_FEATURES})")
+    p.add_argument("--methods", nargs="+",
+                   default=["pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_check_every_call"])
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per contender (after one warm-up), all alike")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end GCN/GraphSAGE epochs")
     p.add_argument("--no-agg", action="store_true", help="skip the aggregation table (end-to-end only)")
@@ -296,38 +458,50 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--e2e-hidden", type=int, default=128)
     p.add_argument("--e2e-epochs", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the JSON result to this file")
+    p.add_argument("--no-print-json", action="store_true", help="do not print the JSON result")
     args = p.parse_args(argv)
 
     import lightning_fullgraph.kernels as K
 
     cases = QUICK_CASES if args.quick else CASES
     names = args.cases or list(cases)
-    features = args.features or ([16, 128] if args.quick else [16, 64, 128, 256])
     t = time.perf_counter()
     have_cpp = K.cpp_available()
     build_s = time.perf_counter() - t
-    bw = copy_bandwidth()
     info = dict(python=sys.version.split()[0], torch=torch.__version__, threads=torch.get_num_threads(),
-                cpu=platform.processor() or platform.machine(), copy_bw_gbs=bw / 1e9, cpp_available=have_cpp,
-                ext_load_s=build_s, thp_mem_alloc=os.environ.get("THP_MEM_ALLOC_ENABLE", "0"), quick=args.quick)
-    print(f"# torch {torch.__version__}, {info['threads']} threads, copy bandwidth {bw / 1e9:.1f} GB/s, "
-          f"cpp kernels: {have_cpp} (load {build_s:.1f}s), THP_MEM_ALLOC_ENABLE={info['thp_mem_alloc']}")
-    print(f"{'case':>9} {'F':>4} {'method':>14} {'fwd[s]':>9} {'fwd+bwd':>9} {'GB/s':>7} {'%copy':>6}")
+                cpus=os.cpu_count(), cpu=platform.processor() or platform.machine(), cpp_available=have_cpp,
+                ext_load_s=build_s, thp_mem_alloc=os.environ.get("THP_MEM_ALLOC_ENABLE", "0"), quick=args.quick,
+                repeats=args.repeats, warmup=1, argv=sys.argv[1:] if argv is None else list(argv),
+                load_avg_start=os.getloadavg())
+    print(f"# torch {torch.__version__}, {info['threads']} threads on {info['cpus']} CPUs, load average "
+          f"{info['load_avg_start'][0]:.2f}, cpp kernels: {have_cpp} (load {build_s:.1f}s), "
+          f"THP_MEM_ALLOC_ENABLE={info['thp_mem_alloc']}; every contender: 1 warm-up + best/median of "
+          f"{args.repeats}")
     rows: List[dict] = []
+    case_info: List[dict] = []
     e2e: List[dict] = []
-    result = dict(machine=info, aggregation=rows, end_to_end=e2e)
+    result = dict(machine=info, cases=case_info, aggregation=rows, end_to_end=e2e)
 
     def save() -> None:  # after every case, so a late OOM kill keeps the earlier results
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(result, fh, indent=1)
 
+    if not args.no_agg:
+        print(HEADER)
     for name in ([] if args.no_agg else names):
-        rows += bench_case(name, cases[name], features, args, bw)
+        features = args.features or (QUICK_FEATURES if args.quick else CASE_FEATURES.get(name, [128]))
+        r, ci = bench_case(name, cases[name], features, args)
+        rows += r
+        case_info.append(ci)
         save()
     if not args.no_e2e:
         e2e += bench_e2e(cases[args.e2e_case], args)
-    print(json.dumps(result, indent=1))
+    info["load_avg_end"] = os.getloadavg()
+    if rows:
+        print(markdown_table(rows, case_info))
+    if not args.no_print_json:
+        print(json.dumps(result, indent=1))
     save()
     return result
 

@@ -98,7 +98,8 @@ def build_csr(edge_index: Tensor, num_src: int, num_dst: int, *, assume_sorted: 
     """
     src, dst = edge_index[0].long(), edge_index[1].long()
     e = src.numel()
-    # The compiled kernels do not bounds-check; validate once per graph (cached) instead.
+    # Checked here in terms of edge_index (once per graph: cached). The ops validate the
+    # resulting CSR again at their boundary (a hand-built CSRGraph bypasses this function).
     if e > 0:
         lo_s, hi_s = int(src.min()), int(src.max())
         lo_d, hi_d = int(dst.min()), int(dst.max())

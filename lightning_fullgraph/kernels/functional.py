@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-import torch
 from torch import Tensor
 
 from . import backend as _backend

@@ -13,6 +13,14 @@ it as a constant. Registering with ``torch.library`` lets autograd and ``torch.c
 see the ops as opaque nodes with known output shapes.
 
 Double backward is not supported (the backward is built from the raw kernels).
+
+Every op validates its CSR before launching a kernel: ``rowptr[0] == 0``, ``rowptr``
+non-decreasing, ``rowptr[-1] == col.numel()``, ``col`` in ``[0, x.size(0))``, one weight per
+edge (``csrc/aggregate.cpp`` for ``"cpp"``, :mod:`.validate` for ``"triton"`` and
+``"torch"``; ``ValueError`` for a malformed structure, ``IndexError`` for an out-of-range
+column; pairs already validated and unchanged since are not read again). ``csr_sum`` also
+checks the shapes of the transposed CSR up front; its contents are validated when backward
+uses them.
 """
 from __future__ import annotations
 
@@ -21,9 +29,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import reference
+from . import reference, validate
 
-__all__ = ["csr_sum", "csr_max", "csr_sum_raw", "csr_edge_dot", "impl"]
+__all__ = ["csr_sum", "csr_max", "csr_sum_raw", "csr_edge_dot", "take_checked", "impl"]
 
 
 def impl(backend: str):
@@ -83,6 +91,20 @@ def _(rowptr, col, a, b, backend):
     return b.new_empty(col.shape[0])
 
 
+@torch.library.custom_op("lightning_fullgraph::take_checked", mutates_args=())
+def take_checked(values: Tensor, perm: Tensor) -> Tensor:
+    """``values[perm]`` after checking ``perm`` lies in ``[0, values.numel())`` (the transposed
+    CSR's ``t_perm``, used by backward; an op so that the check sees real tensors under
+    ``torch.compile`` too, and cached like the CSR validation)."""
+    validate.check_index_range("csr_sum backward", perm, values.numel(), "t_perm", "CSR positions, nnz = col.numel()")
+    return values.index_select(0, perm)
+
+
+@take_checked.register_fake
+def _(values, perm):
+    return values.new_empty(perm.shape[0])
+
+
 # --------------------------------------------------------------------------- sum / mean
 @torch.library.custom_op("lightning_fullgraph::csr_sum", mutates_args=())
 def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
@@ -101,8 +123,20 @@ def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, me
     Returns:
         ``[N_dst, F]``.
     """
+    _check_transpose_shapes(col, x, t_rowptr, t_col, t_perm)
     backend = _kernel_ok(backend, x)
     return impl(backend).csr_sum(rowptr, col, weight, x.contiguous(), mean)
+
+
+def _check_transpose_shapes(col: Tensor, x: Tensor, t_rowptr: Tensor, t_col: Tensor, t_perm: Tensor) -> None:
+    # O(1): the transposed CSR has one row per source row of x and one entry per edge.
+    n_src, nnz = x.shape[0], col.numel()
+    if t_rowptr.dim() != 1 or t_rowptr.numel() != n_src + 1:
+        raise ValueError(f"csr_sum: transposed CSR for backward: t_rowptr must be 1-D with N_src + 1 = {n_src + 1} "
+                         f"entries (N_src = x.size(0)), got shape {tuple(t_rowptr.shape)}")
+    if t_col.numel() != nnz or t_perm.numel() != nnz:
+        raise ValueError(f"csr_sum: transposed CSR for backward: t_col and t_perm must have nnz = col.numel() = {nnz} "
+                         f"entries, got {t_col.numel()} and {t_perm.numel()}")
 
 
 @csr_sum.register_fake
@@ -127,8 +161,12 @@ def _sum_backward(ctx, grad):
         grad = grad / deg.unsqueeze(1)
     grad_x = None
     if ctx.needs_input_grad[3]:
-        t_w = weight.index_select(0, t_perm) if ctx.has_w else None
-        grad_x = csr_sum_raw(t_rowptr, t_col, t_w, grad, False, ctx.backend)
+        t_w = take_checked(weight, t_perm) if ctx.has_w else None
+        try:  # the transposed CSR is validated by the kernel call itself
+            grad_x = csr_sum_raw(t_rowptr, t_col, t_w, grad, False, ctx.backend)
+        except (ValueError, IndexError) as exc:
+            raise type(exc)("csr_sum backward: the transposed CSR (t_rowptr, t_col: one row per source, columns "
+                            f"= destinations in [0, N_dst = {grad.shape[0]})) is invalid: {exc}") from exc
     grad_w = None
     if ctx.needs_w:
         grad_w = csr_edge_dot(rowptr, col, grad, x, ctx.backend).to(weight.dtype)

@@ -6,7 +6,8 @@ so that the gathered message tensor stays bounded (PyG materialises all E x F at
 
 All functions take a destination-sorted CSR: ``rowptr`` ``[N_dst + 1]`` (int64), ``col``
 ``[E]`` (source node per edge), optional ``weight`` ``[E]`` in CSR order and ``x``
-``[N_src, F]``.
+``[N_src, F]``, and validate it first (:mod:`.validate`: ``ValueError`` for a malformed
+CSR, ``IndexError`` for a column outside ``[0, N_src)``), like the compiled kernels.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from . import validate
 
 __all__ = ["csr_sum", "csr_max", "csr_edge_dot", "row_index"]
 
@@ -39,6 +42,7 @@ def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, me
     Returns:
         ``[N_dst, F]``; rows without in-edges are 0.
     """
+    validate.check_aggregation("csr_sum", rowptr, col, weight, x)
     n, f = rowptr.numel() - 1, x.size(1)
     out = x.new_zeros(n, f)
     row = row_index(rowptr)
@@ -61,6 +65,7 @@ def csr_max(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor) ->
         ``(out [N_dst, F], arg [N_dst, F] int64)``: ``arg`` is the CSR position of the
         first edge attaining the maximum, ``-1`` for rows without in-edges (output 0).
     """
+    validate.check_aggregation("csr_max", rowptr, col, weight, x)
     n, f = rowptr.numel() - 1, x.size(1)
     num_edges = col.numel()
     row = row_index(rowptr)
@@ -90,6 +95,7 @@ def csr_max(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor) ->
 
 def csr_edge_dot(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """``out[e] = <a[row(e)], b[col[e]]>`` for every CSR edge (SDDMM), ``[E]``."""
+    validate.check_edge_dot("csr_edge_dot", rowptr, col, a, b)
     row = row_index(rowptr)
     col = col.long()
     out = b.new_empty(col.numel())

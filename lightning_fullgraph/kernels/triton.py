@@ -8,6 +8,9 @@ reuses :func:`csr_sum` on the transposed CSR; the weight gradient uses :func:`cs
 On a machine without a GPU the kernels run under the Triton interpreter
 (``TRITON_INTERPRET=1`` set before ``triton`` is imported) on plain CPU tensors - that is
 how CI checks correctness. Import this module lazily: it imports ``triton``.
+
+The kernels do not bounds-check: every entry point validates the CSR first
+(:mod:`.validate`, one host transfer; pairs already validated and unchanged are skipped).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from . import validate
 
 __all__ = ["csr_sum", "csr_max", "csr_edge_dot", "is_available"]
 
@@ -122,6 +127,7 @@ def _plain(t: Optional[Tensor]) -> Optional[Tensor]:
 
 def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool) -> Tensor:
     """Triton version of :func:`lightning_fullgraph.kernels.reference.csr_sum`."""
+    validate.check_aggregation("csr_sum", rowptr, col, weight, x)
     rowptr, col, weight, x = _plain(rowptr), _plain(col), _plain(weight), _plain(x)
     n, f = rowptr.numel() - 1, x.size(1)
     out = x.new_empty(n, f)
@@ -136,6 +142,7 @@ def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, me
 
 def csr_max(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor) -> Tuple[Tensor, Tensor]:
     """Triton version of :func:`lightning_fullgraph.kernels.reference.csr_max`."""
+    validate.check_aggregation("csr_max", rowptr, col, weight, x)
     rowptr, col, weight, x = _plain(rowptr), _plain(col), _plain(weight), _plain(x)
     n, f = rowptr.numel() - 1, x.size(1)
     out = x.new_empty(n, f)
@@ -151,6 +158,7 @@ def csr_max(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor) ->
 
 def csr_edge_dot(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """Triton version of :func:`lightning_fullgraph.kernels.reference.csr_edge_dot`."""
+    validate.check_edge_dot("csr_edge_dot", rowptr, col, a, b)
     rowptr, col, a, b = _plain(rowptr), _plain(col), _plain(a), _plain(b)
     n, f = rowptr.numel() - 1, b.size(1)
     out = b.new_empty(col.numel())

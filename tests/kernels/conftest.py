@@ -5,7 +5,6 @@ any test imports ``lightning_fullgraph.kernels.triton`` - on machines without a 
 """
 import os
 
-import pytest
 import torch
 
 if not torch.cuda.is_available():
