@@ -29,10 +29,12 @@ def test_sparse_adjacency_is_refused(layout, conv):
     engine.attach(layer)
     make = to_torch_csr_tensor if layout == "csr" else to_torch_coo_tensor
     adj_t = make(local.edge_index.flip(0), size=(local.num_nodes, local.num_nodes))
-    with pytest.raises(SparseAdjacencyError) as info:
-        layer(local.x, adj_t)
-    message = str(info.value)
-    assert "received a sparse adjacency" in message and "batch.edge_index" in message
-    layer(local.x, local.edge_index)  # the dense edge_index works
-    engine.detach()
+    try:
+        with pytest.raises(SparseAdjacencyError) as info:
+            layer(local.x, adj_t)
+        message = str(info.value)
+        assert "received a sparse adjacency" in message and "batch.edge_index" in message
+        layer(local.x, local.edge_index)  # the dense edge_index works
+    finally:
+        engine.detach()
     layer(local.x, adj_t)  # detached: plain PyG again

@@ -61,9 +61,12 @@ def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
         data.num_features, 4, conv=conv)
     dm = FullGraphDataModule(data, cache_dir=os.path.join(tmp, "cache"))
     trainer = _trainer(world_size, tmp, kernels)
-    # torch.compile: Lightning unwraps the compiled module and compiles its forward.
-    trainer.fit(torch.compile(module, backend="aot_eager") if mode == "compile" else module,
-                datamodule=dm)
+    if mode == "compile":
+        # The model inside the LightningModule is compiled. (Compiling the whole module,
+        # trainer.fit(torch.compile(module)), fails in plain single-device Lightning 2.6.6 with
+        # torch 2.13 too: dynamo then traces training_step and breaks on self.log.)
+        module.model = torch.compile(module.model, backend="aot_eager")
+    trainer.fit(module, datamodule=dm)
     params = {name: float((p - q).abs().max()) for (name, p), q in
               zip(module.named_parameters(), ref.parameters())}
     val_acc = float(trainer.callback_metrics["val_acc"])
@@ -82,7 +85,7 @@ def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
     (2, "auto", "sage", "automatic"),
     (2, None, "gat", "automatic"),
     (2, "auto", "gcn", "manual"),     # two manual_backward calls per step
-    (2, "auto", "gcn", "compile"),    # trainer.fit(torch.compile(module))
+    (2, "auto", "gcn", "compile"),    # self.model = torch.compile(model)
 ])
 def test_trainer_matches_single_process(tmp_path, world_size, kernels, conv, mode):
     results = run_distributed(_fit_and_compare, world_size, str(tmp_path), kernels, conv, mode)
