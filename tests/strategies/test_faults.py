@@ -61,6 +61,17 @@ def _children(proc, expected, limit=120):
     raise AssertionError("the ranks were not started")
 
 
+def _run(tmp_path, *args, limit=120):
+    r"""Runs the script to its end; every process must be gone within :obj:`limit` seconds.
+
+    Returns ``(exit code of the launcher, stdout, stderr)``.
+    """
+    proc = _start(tmp_path, *args)
+    alive, stdout, stderr = _wait_all(proc, _children(proc, 1), limit)
+    assert not alive, (f"{len(alive)} process(es) still running after {limit} s", stderr[-3000:])
+    return proc.returncode, stdout, stderr
+
+
 # Moments of training: (epoch at whose start rank 0 is signalled, extra delay in s).  Epochs
 # of Cora on 2 processes take a few tens of ms, so the delays land in different phases
 # (forward exchanges, backward, optimizer, validation).
@@ -99,22 +110,17 @@ def test_sigterm_to_rank_zero_stops_every_process(tmp_path):
 def test_startup_is_not_limited_by_the_collective_timeout(tmp_path):
     # A 1 s dead-peer timeout used to limit the rendezvous and the barrier while rank 0
     # partitions (here: 3 s), failing start-up with "Timed out ... waiting for clients".
-    proc = _start(tmp_path, "--timeout", 1, "--slow-prepare", 3, "--epochs", 3)
-    children = _children(proc, 1)
-    alive, stdout, stderr = _wait_all(proc, children, 300)
-    assert not alive
-    assert proc.returncode == 0, stderr[-4000:]
+    code, stdout, stderr = _run(tmp_path, "--timeout", 1, "--slow-prepare", 3, "--epochs", 3,
+                                limit=300)
+    assert code == 0, stderr[-4000:]
     assert "RESULT" in stdout and "processes=2" in stdout
 
 
 @pytest.mark.multiprocess
 def test_stuck_rank_gives_a_timeout_naming_the_exchange_and_the_option(tmp_path):
-    proc = _start(tmp_path, "--timeout", 3, "--stall-rank", 1, "--stall-epoch", 2,
-                  "--stall-seconds", 15, "--epochs", 6)
-    children = _children(proc, 1)
-    alive, _, stderr = _wait_all(proc, children, 120)
-    assert not alive
-    assert proc.returncode != 0
+    code, _, stderr = _run(tmp_path, "--timeout", 3, "--stall-rank", 1, "--stall-epoch", 2,
+                           "--stall-seconds", 15, "--epochs", 6)
+    assert code != 0
     assert "CollectiveError: rank 0:" in stderr, stderr[-4000:]
     assert "timed out (collective timeout 3 s)" in stderr, stderr[-4000:]
     assert "FullGraphStrategy(timeout=...)" in stderr, stderr[-4000:]
@@ -126,11 +132,8 @@ def test_label_out_of_range_stops_every_rank_with_the_cause(tmp_path):
     # num_classes not given: inferred as 100 from the bad label (with a warning), while
     # the model has 7 outputs. The rank holding the node raises torch's error, with notes
     # saying where and why; the other rank stops at its next exchange instead of hanging.
-    proc = _start(tmp_path, "--bad-label", "--epochs", 3, "--timeout", 60)
-    children = _children(proc, 1)
-    alive, _, stderr = _wait_all(proc, children, 120)
-    assert not alive
-    assert proc.returncode != 0
+    code, _, stderr = _run(tmp_path, "--bad-label", "--epochs", 3, "--timeout", 60)
+    assert code != 0
     assert "Target 99 is out of bounds" in stderr, stderr[-4000:]
     assert "the graph's labels reach 99" in stderr, stderr[-4000:]
     assert "in training_step; the other ranks stop" in stderr, stderr[-4000:]
