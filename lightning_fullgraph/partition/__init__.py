@@ -1,4 +1,5 @@
-r"""Graph partitioning: METIS parts, per-rank halo plans, on-disk cache.
+r"""Graph partitioning: METIS parts, per-rank halo plans, hybrid pre/post
+aggregation plans (exact minimum vertex cover per rank pair), on-disk cache.
 
 Typical use (once, on one process or via the CLI)::
 
@@ -15,6 +16,7 @@ from .errors import (
     PartitionWriteError,
     StalePartitionError,
 )
+from .cover import MODES, CutCover, VertexCover, cut_cover, min_vertex_cover
 from .export import export_partition
 from .fingerprint import graph_fingerprint, options_hash
 from .local import (
@@ -25,6 +27,7 @@ from .local import (
     split_attr_keys,
 )
 from .metis import combine_constraints, metis_partition, node_weights_for, symmetric_csr
+from .plan import AggregationPlan, ChannelPlan, build_plan
 from .stats import PartitionStats, partition_stats
 from .store import (
     CACHE_ENV,
@@ -59,6 +62,15 @@ __all__ = [
     "iter_local_partitions",
     "split_attr_keys",
     "LOCAL_FORMAT_VERSION",
+    # aggregation modes and plans
+    "MODES",
+    "AggregationPlan",
+    "ChannelPlan",
+    "build_plan",
+    "min_vertex_cover",
+    "VertexCover",
+    "cut_cover",
+    "CutCover",
     # stats
     "PartitionStats",
     "partition_stats",

@@ -8,12 +8,21 @@ Layout of one rank's node rows (what the engine materializes per layer)::
 Local edges keep the *original global order* (a stable filter on the
 destination's owner), which is what makes scatter reductions — and thus model
 outputs — bit-comparable with single-process PyG.
+
+Besides its in-edges, a rank stores its *outgoing cut edges* (owned source,
+destination owned elsewhere) and the hybrid pre/post decision of every cut edge
+(an exact minimum vertex cover per rank pair, computed at partition time), from
+which :meth:`LocalPartition.plan` derives the post-, pre- and hybrid
+aggregation plans (:mod:`~.plan`).
 """
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+
+from .cover import CutCover, cut_cover
+from .plan import AggregationPlan, build_plan
 
 __all__ = [
     "LOCAL_FORMAT_VERSION",
@@ -24,10 +33,12 @@ __all__ = [
 ]
 
 #: Version of :meth:`LocalPartition.to_dict`; bump on incompatible changes.
-LOCAL_FORMAT_VERSION = 1
+#: 2: outgoing cut edges and hybrid pre/post decisions (aggregation plans).
+LOCAL_FORMAT_VERSION = 2
 
 _TENSOR_FIELDS = ("owned_ids", "halo_ids", "halo_counts", "send_index", "send_counts",
-                  "edge_index", "edge_ids")
+                  "edge_index", "edge_ids", "in_pre", "out_edge_ids", "out_src", "out_dst",
+                  "out_dst_rank", "out_pre", "out_dst_in_degree")
 _INT_FIELDS = ("rank", "num_parts", "num_nodes", "num_edges")
 
 
@@ -66,6 +77,22 @@ class LocalPartition:
             boolean node attribute in the whole graph.
         fingerprint (str): Fingerprint of the global graph.
         options (Dict[str, Any]): JSON-able options the partition was made with.
+        in_pre (torch.Tensor): bool :math:`[E_{local}]`, aligned with
+            :obj:`edge_index`: the in-edge is a cut edge that the **hybrid**
+            mode pre-aggregates at its source's owner.
+        out_edge_ids (torch.Tensor): Global ids of this rank's *outgoing cut
+            edges* (owned source, destination owned by another rank), ascending
+            (global order), shape :math:`[E_{out}]`.
+        out_src (torch.Tensor): Owned local index of their sources.
+        out_dst (torch.Tensor): Global id of their destinations.
+        out_dst_rank (torch.Tensor): Owner rank of their destinations.
+        out_pre (torch.Tensor): bool, the **hybrid** mode pre-aggregates the
+            edge here (same decision as the destination's :obj:`in_pre`).
+        out_dst_in_degree (torch.Tensor): In-degree (edges, duplicates and
+            self-loops counted) of their destinations in the global graph.
+        out_edge_attrs (Dict[str, torch.Tensor]): Edge-level attributes of the
+            outgoing cut edges (same keys as :obj:`edge_attrs`), first
+            dimension :math:`E_{out}`.
     """
     rank: int
     num_parts: int
@@ -83,6 +110,30 @@ class LocalPartition:
     global_counts: Dict[str, int] = field(default_factory=dict)
     fingerprint: str = ""
     options: Dict[str, Any] = field(default_factory=dict)
+    in_pre: Optional[Tensor] = None
+    out_edge_ids: Optional[Tensor] = None
+    out_src: Optional[Tensor] = None
+    out_dst: Optional[Tensor] = None
+    out_dst_rank: Optional[Tensor] = None
+    out_pre: Optional[Tensor] = None
+    out_dst_in_degree: Optional[Tensor] = None
+    out_edge_attrs: Dict[str, Tensor] = field(default_factory=dict)
+    _plans: Dict[str, AggregationPlan] = field(default_factory=dict, init=False,
+                                               repr=False, compare=False)
+
+    def plan(self, mode: str = "post") -> AggregationPlan:
+        r"""The :class:`~.plan.AggregationPlan` of this rank in :obj:`mode`
+        (``"post"``, ``"pre"`` or ``"hybrid"``); derived on first use from the
+        stored per-edge decisions, then cached."""
+        found = self._plans.get(mode)
+        if found is None:
+            found = self._plans[mode] = build_plan(self, mode)
+        return found
+
+    @property
+    def num_out_edges(self) -> int:
+        r"""Number of outgoing cut edges :math:`E_{out}`."""
+        return 0 if self.out_edge_ids is None else int(self.out_edge_ids.numel())
 
     @property
     def num_owned(self) -> int:
@@ -126,6 +177,7 @@ class LocalPartition:
             out[name] = getattr(self, name)
         out["node_attrs"] = dict(self.node_attrs)
         out["edge_attrs"] = dict(self.edge_attrs)
+        out["out_edge_attrs"] = dict(self.out_edge_attrs)
         out["global_counts"] = {k: int(v) for k, v in self.global_counts.items()}
         out["fingerprint"] = str(self.fingerprint)
         out["options"] = dict(self.options)
@@ -141,7 +193,8 @@ class LocalPartition:
         version = state.get("format_version")
         if version != LOCAL_FORMAT_VERSION:
             raise ValueError(f"unsupported local partition format version {version!r} "
-                             f"(this library reads version {LOCAL_FORMAT_VERSION})")
+                             f"(this library reads version {LOCAL_FORMAT_VERSION}); "
+                             f"re-partition the graph")
         missing = [k for k in _INT_FIELDS + _TENSOR_FIELDS if k not in state]
         if missing:
             raise ValueError(f"local partition is missing fields {missing}")
@@ -150,6 +203,7 @@ class LocalPartition:
             **{k: state[k] for k in _TENSOR_FIELDS},
             node_attrs=dict(state.get("node_attrs", {})),
             edge_attrs=dict(state.get("edge_attrs", {})),
+            out_edge_attrs=dict(state.get("out_edge_attrs", {})),
             global_counts={k: int(v) for k, v in state.get("global_counts", {}).items()},
             fingerprint=str(state.get("fingerprint", "")),
             options=dict(state.get("options", {})),
@@ -158,7 +212,8 @@ class LocalPartition:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(rank={self.rank}/{self.num_parts}, "
                 f"owned={self.num_owned}, halo={self.num_halo}, "
-                f"edges={self.num_local_edges}, send={int(self.send_index.numel())}, "
+                f"edges={self.num_local_edges}, out_edges={self.num_out_edges}, "
+                f"send={int(self.send_index.numel())}, "
                 f"node_attrs={sorted(self.node_attrs)}, edge_attrs={sorted(self.edge_attrs)})")
 
 
@@ -231,6 +286,16 @@ class _Plan:
         send_node = send_key % N
         self.send_local = self.local_pos[send_node]
         self.send_ptr = _ptr(torch.bincount(send_key // (P * N), minlength=P))
+        del send_key, send_node, receiver, owner, node
+
+        # Outgoing cut edges grouped by the source's part, in global order.
+        src_part = parts[self.src]
+        out = (src_part != parts[self.dst]).nonzero().flatten()
+        out_part = src_part[out]
+        del src_part
+        self.out_perm = out[torch.argsort(out_part, stable=True)]
+        self.out_ptr = _ptr(torch.bincount(out_part, minlength=P))
+        self.in_degree = torch.bincount(self.dst, minlength=N)
 
 
 def _ptr(counts: Tensor) -> Tensor:
@@ -262,7 +327,8 @@ def _check_inputs(data, parts: Tensor) -> Tuple[Tensor, Tensor, int]:
 def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = None,
                           ranks: Optional[Sequence[int]] = None,
                           fingerprint: Optional[str] = None,
-                          options: Optional[Dict[str, Any]] = None
+                          options: Optional[Dict[str, Any]] = None,
+                          cover: Optional[CutCover] = None
                           ) -> Iterator[LocalPartition]:
     r"""Yields :class:`LocalPartition` objects one rank at a time.
 
@@ -281,6 +347,10 @@ def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = Non
         fingerprint (str, optional): Graph fingerprint to store; computed with
             :func:`~.graph_fingerprint` when :obj:`None`.
         options (Dict[str, Any], optional): JSON-able options to store.
+        cover (CutCover, optional): The hybrid pre/post decisions of
+            :func:`~.cover.cut_cover` for these parts (computed when
+            :obj:`None`; pass it to share one computation with
+            :func:`~.partition_stats`).
     """
     edge_index, parts, inferred = _check_inputs(data, parts)
     P = inferred if num_parts is None else int(num_parts)
@@ -293,6 +363,12 @@ def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = Non
     global_counts = {k: int(data[k].sum()) for k in node_keys if data[k].dtype == torch.bool}
     num_nodes, num_edges = int(data.num_nodes), int(edge_index.size(1))
 
+    if cover is None:
+        cover = cut_cover(edge_index, parts, P)
+    elif cover.num_parts != P or cover.pre.numel() != edge_index.size(1):
+        raise ValueError(f"cover was computed for {cover.num_parts} parts and "
+                         f"{cover.pre.numel()} edges, not {P} parts and "
+                         f"{edge_index.size(1)} edges")
     plan = _Plan(edge_index, parts, P)
     for r in (range(P) if ranks is None else ranks):
         r = int(r)
@@ -311,6 +387,8 @@ def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = Non
             query = src_part[remote] * num_nodes + src[remote]
             local_src[remote] = n_own + torch.searchsorted(halo_key, query)
         local_edge_index = torch.stack([local_src, plan.local_pos[dst]], dim=0)
+        out_ids = plan.out_perm[plan.out_ptr[r]:plan.out_ptr[r + 1]]
+        out_dst = plan.dst[out_ids]
 
         yield LocalPartition(
             rank=r, num_parts=P, num_nodes=num_nodes, num_edges=num_edges,
@@ -323,12 +401,18 @@ def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = Non
             edge_attrs={k: data[k][eids] for k in edge_keys},
             global_counts=dict(global_counts), fingerprint=fingerprint,
             options=dict(options or {}),
+            in_pre=cover.pre[eids],
+            out_edge_ids=out_ids.clone(), out_src=plan.local_pos[plan.src[out_ids]],
+            out_dst=out_dst, out_dst_rank=parts[out_dst], out_pre=cover.pre[out_ids],
+            out_dst_in_degree=plan.in_degree[out_dst],
+            out_edge_attrs={k: data[k][out_ids] for k in edge_keys},
         )
 
 
 def build_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = None,
                            fingerprint: Optional[str] = None,
-                           options: Optional[Dict[str, Any]] = None
+                           options: Optional[Dict[str, Any]] = None,
+                           cover: Optional[CutCover] = None
                            ) -> List[LocalPartition]:
     r"""Builds the :class:`LocalPartition` of every rank.
 
@@ -340,4 +424,5 @@ def build_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = No
         List[LocalPartition]: One entry per rank, index == rank.
     """
     return list(iter_local_partitions(data, parts, num_parts=num_parts,
-                                      fingerprint=fingerprint, options=options))
+                                      fingerprint=fingerprint, options=options,
+                                      cover=cover))

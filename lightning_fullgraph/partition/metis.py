@@ -99,6 +99,24 @@ def _check_num_parts(num_parts: int, num_nodes: int) -> None:
             f"{max(num_nodes, 1)} parts")
 
 
+def _check_hosts(hosts: Optional[int], num_parts: int) -> int:
+    r"""Validates :obj:`hosts` against :obj:`num_parts`; returns it as an int (1 for
+    :obj:`None`)."""
+    if hosts is None:
+        return 1
+    if not isinstance(hosts, (int, np.integer)) or isinstance(hosts, bool):
+        raise TypeError(f"hosts must be an int (got {type(hosts).__name__})")
+    hosts = int(hosts)
+    if hosts < 1:
+        raise ValueError(f"hosts must be at least 1 (got {hosts})")
+    if num_parts % hosts:
+        raise ValueError(
+            f"num_parts={num_parts} is not a multiple of hosts={hosts}: host-aware "
+            f"partitioning gives every host the same number of ranks (Lightning numbers "
+            f"ranks host-major, devices per node x nodes)")
+    return hosts
+
+
 def symmetric_csr(edge_index: Tensor, num_nodes: int) -> Tuple[np.ndarray, np.ndarray]:
     r"""Builds the CSR adjacency of the symmetrized simple graph.
 
@@ -188,7 +206,7 @@ def node_weights_for(data, *, train_key: Optional[str] = "train_mask",
 
 def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int, *,
                     node_weights: Optional[Tensor] = None, seed: int = 0,
-                    ufactor: Optional[int] = None) -> Tensor:
+                    ufactor: Optional[int] = None, hosts: Optional[int] = None) -> Tensor:
     r"""Assigns every node to one of :obj:`num_parts` parts with METIS k-way.
 
     Args:
@@ -203,17 +221,69 @@ def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int, *,
             columns are ignored. (default: :obj:`None`, unit weights)
         seed (int): METIS random seed; equal inputs and seeds give equal parts.
         ufactor (int, optional): Allowed imbalance in 1/1000 (METIS default 30).
+        hosts (int, optional): Number of hosts :math:`H` the parts run on. With
+            :math:`1 < H < P` the partition is hierarchical: METIS first splits
+            the graph into :math:`H` host parts, then every host part's induced
+            subgraph into :math:`P / H` parts (same weights, same seed); host
+            :math:`h` gets parts :math:`h P/H, \dots, (h+1) P/H - 1`, the way
+            Lightning numbers ranks across nodes. Cut edges then mostly join
+            ranks of one host. :math:`P` must be a multiple of :math:`H`.
+            (default: :obj:`None`, flat k-way)
 
     Returns:
         torch.Tensor: Part id per node, int64 of shape :math:`[N]`.
 
     Raises:
-        ValueError: If :obj:`num_parts` is out of range.
+        ValueError: If :obj:`num_parts` is out of range, or not a multiple of
+            :obj:`hosts`.
         EmptyPartitionError: If METIS leaves a part without nodes.
     """
     num_nodes = int(num_nodes)
     _check_num_parts(num_parts, num_nodes)
     num_parts = int(num_parts)
+    hosts = _check_hosts(hosts, num_parts)
+    if 1 < hosts < num_parts:
+        return _hierarchical(edge_index, num_nodes, num_parts, hosts,
+                             node_weights=node_weights, seed=seed, ufactor=ufactor)
+    return _flat(edge_index, num_nodes, num_parts, node_weights=node_weights, seed=seed,
+                 ufactor=ufactor)
+
+
+def _hierarchical(edge_index: Tensor, num_nodes: int, num_parts: int, hosts: int, *,
+                  node_weights: Optional[Tensor], seed: int,
+                  ufactor: Optional[int]) -> Tensor:
+    r"""Hosts first, then ranks inside every host (host-major numbering)."""
+    host_of = _flat(edge_index, num_nodes, hosts, node_weights=node_weights, seed=seed,
+                    ufactor=ufactor)
+    per = num_parts // hosts
+    ei = edge_index.detach().cpu().to(torch.long)
+    parts = torch.empty(num_nodes, dtype=torch.long)
+    local = torch.full((num_nodes,), -1, dtype=torch.long)
+    hs, hd = host_of[ei[0]], host_of[ei[1]]
+    for h in range(hosts):
+        nodes = (host_of == h).nonzero().flatten()  # ascending ids
+        if nodes.numel() < per:
+            raise EmptyPartitionError(h * per + int(nodes.numel()), num_parts, num_nodes)
+        local[nodes] = torch.arange(nodes.numel())
+        keep = (hs == h) & (hd == h)
+        sub_ei = local[ei[:, keep]]
+        sub_w = None if node_weights is None else node_weights[nodes]
+        try:
+            sub = _flat(sub_ei, int(nodes.numel()), per, node_weights=sub_w, seed=seed,
+                        ufactor=ufactor)
+        except EmptyPartitionError as e:  # name the global rank
+            raise EmptyPartitionError(h * per + e.part, num_parts, num_nodes) from None
+        parts[nodes] = h * per + sub
+        local[nodes] = -1
+    sizes = torch.bincount(parts, minlength=num_parts)
+    empty = (sizes == 0).nonzero().flatten()
+    if empty.numel() > 0:
+        raise EmptyPartitionError(int(empty[0]), num_parts, num_nodes)
+    return parts
+
+
+def _flat(edge_index: Tensor, num_nodes: int, num_parts: int, *,
+          node_weights: Optional[Tensor], seed: int, ufactor: Optional[int]) -> Tensor:
     if num_parts == 1:  # nothing to decide; METIS itself misbehaves for P=1
         return torch.zeros(num_nodes, dtype=torch.long)
 

@@ -35,9 +35,10 @@ from .errors import (
     PartitionWriteError,
     StalePartitionError,
 )
+from .cover import cut_cover
 from .fingerprint import graph_fingerprint, options_hash
 from .local import LocalPartition, iter_local_partitions
-from .metis import _check_num_parts, metis_partition, node_weights_for
+from .metis import _check_hosts, _check_num_parts, metis_partition, node_weights_for
 from .stats import PartitionStats, partition_stats
 
 __all__ = [
@@ -57,7 +58,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: On-disk format version; readers refuse other versions.
-FORMAT_VERSION = 1
+#: 2: outgoing cut edges, hybrid pre/post decisions, per-mode stats.
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 #: Environment variable overriding the default cache root.
 CACHE_ENV = "LIGHTNING_FULLGRAPH_CACHE"
@@ -428,7 +430,8 @@ def _cache_write_error(cache_dir: Path, root: Optional[PathLike],
 def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
                     seed: int = 0, force: bool = False, progress: bool = True,
                     ufactor: Optional[int] = None,
-                    train_key: Optional[str] = "train_mask") -> Path:
+                    train_key: Optional[str] = "train_mask",
+                    hosts: Optional[int] = None) -> Path:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to disk.
 
     Runs :func:`metis_partition` with :func:`node_weights_for` weights, builds
@@ -448,6 +451,17 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
             ``lightning-fullgraph train --json``).
         ufactor (int, optional): METIS imbalance tolerance in 1/1000.
         train_key (str, optional): Training mask balanced across ranks.
+        hosts (int, optional): Number of hosts (machines) the :obj:`num_parts`
+            ranks run on, ranks numbered host-major as Lightning does across
+            nodes. With ``hosts > 1`` the graph is first split into one part
+            per host, then every host's part into ``num_parts // hosts`` ranks
+            (:func:`metis_partition`), so fewer rows cross hosts; must divide
+            :obj:`num_parts`. Part of the cache key. (default: 1, flat)
+
+    Every partition also stores the exact minimum vertex cover of every rank
+    pair's cut edges (:func:`~.cover.cut_cover`), from which each rank derives
+    its post-, pre- and hybrid aggregation plans
+    (:meth:`LocalPartition.plan`); the stats hold the rows of each mode.
 
     Returns:
         Path: The partition directory (pass it to :func:`load_partition`).
@@ -464,11 +478,13 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
         raise ValueError("data.edge_index must be a tensor of shape [2, num_edges]")
     num_nodes = int(data.num_nodes)
     _check_num_parts(num_parts, num_nodes)
+    hosts = _check_hosts(hosts, num_parts)
     options = {
         "method": "metis-kway",
         "seed": int(seed),
         "ufactor": ufactor,
         "weights": "in_degree+1" + (f", {train_key}" if train_key else ""),
+        "hosts": hosts,
         "format_version": FORMAT_VERSION,
     }
     fingerprint = graph_fingerprint(data)
@@ -482,22 +498,28 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
     weights = node_weights_for(data, train_key=train_key)
     t1 = time.perf_counter()
     parts = metis_partition(edge_index, num_nodes, num_parts, node_weights=weights,
-                            seed=seed, ufactor=ufactor)
+                            seed=seed, ufactor=ufactor, hosts=hosts)
     t2 = time.perf_counter()
+    where = f" ({hosts} hosts x {num_parts // hosts})" if hosts > 1 else ""
     say(f"[partition] METIS {num_nodes:,} nodes / {edge_index.size(1):,} edges into "
-        f"{num_parts} parts: {t2 - t1:.1f}s")
+        f"{num_parts} parts{where}: {t2 - t1:.1f}s")
+    cover = cut_cover(edge_index, parts, num_parts)
     train_mask = getattr(data, train_key, None) if train_key else None
     if not (isinstance(train_mask, torch.Tensor) and train_mask.dtype == torch.bool
             and train_mask.size(0) == num_nodes):
         train_mask = None
-    stats = partition_stats(parts, edge_index, train_mask=train_mask, num_parts=num_parts)
+    stats = partition_stats(parts, edge_index, train_mask=train_mask, num_parts=num_parts,
+                            cover=cover, hosts=hosts)
+    say(f"[partition] hybrid pre/post plan (exact minimum vertex cover of "
+        f"{stats.edge_cut:,} cut edges over {num_parts * (num_parts - 1)} rank pairs): "
+        f"{cover.seconds:.1f}s")
 
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         save_partitions(tmp, iter_local_partitions(data, parts, num_parts=num_parts,
                                                    fingerprint=fingerprint,
-                                                   options=options),
+                                                   options=options, cover=cover),
                         stats, options=options)
         _publish(tmp, directory, force, num_parts, fingerprint)
     except PartitionError:

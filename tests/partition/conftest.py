@@ -150,3 +150,35 @@ def read_only(monkeypatch):
     monkeypatch.setattr(os, "rename", rename)
     monkeypatch.setattr(os, "replace", replace)
     return lambda path: blocked.append(os.path.abspath(os.fspath(path)))
+
+
+def hub_graph(num_nodes=150, *, seed=0, feat=4):
+    r"""Directed graph with hubs (quadratic skew of sources and destinations
+    towards a few ids), self-loops, duplicate edges and isolated nodes, with
+    float64 edge weights (``edge_weight``) and a 2-column ``edge_attr``."""
+    g = torch.Generator().manual_seed(seed)
+    active = num_nodes - 4  # the last 4 nodes are isolated
+    n_edges = num_nodes * 5
+    src = (torch.rand(n_edges, generator=g).pow(3) * active).long()  # source hubs
+    dst = (torch.rand(n_edges, generator=g).pow(2) * active).long().flip(0)  # sink hubs
+    dst = (active - 1) - dst  # hubs at the other end of the id range
+    loops = torch.arange(0, active, 11)
+    src = torch.cat([src, loops, src[:25], torch.tensor([3, 3, 3])])
+    dst = torch.cat([dst, loops, dst[:25], torch.tensor([3, 9, 9])])
+    perm = torch.randperm(src.numel(), generator=g)
+    edge_index = torch.stack([src[perm], dst[perm]])
+    E = edge_index.size(1)
+    r = torch.rand(num_nodes, generator=g)
+    return Data(
+        x=torch.randn(num_nodes, feat, generator=g), y=torch.randint(0, 3, (num_nodes,),
+                                                                      generator=g),
+        train_mask=r < 0.4, val_mask=(r >= 0.4) & (r < 0.6), test_mask=r >= 0.6,
+        edge_index=edge_index,
+        edge_weight=torch.rand(E, generator=g, dtype=torch.float64) + 0.1,
+        edge_attr=torch.randn(E, 2, generator=g),
+        num_nodes=num_nodes)
+
+
+@pytest.fixture(scope="session")
+def make_hub_graph():
+    return hub_graph

@@ -55,8 +55,17 @@ def test_to_dict_roundtrip_weights_only(tmp_path, make_graph):
     torch.save(lp.to_dict(), tmp_path / "p.pt")
     back = LocalPartition.from_dict(torch.load(tmp_path / "p.pt", weights_only=True))
     for name in ("owned_ids", "halo_ids", "halo_counts", "send_index", "send_counts",
-                 "edge_index", "edge_ids"):
+                 "edge_index", "edge_ids", "in_pre", "out_edge_ids", "out_src", "out_dst",
+                 "out_dst_rank", "out_pre", "out_dst_in_degree"):
         assert torch.equal(getattr(back, name), getattr(lp, name))
+    assert set(back.out_edge_attrs) == {"edge_weight", "edge_attr"}
+    for k, v in back.out_edge_attrs.items():
+        assert torch.equal(v, lp.out_edge_attrs[k])
+    assert torch.equal(back.plan("hybrid").edge_index, lp.plan("hybrid").edge_index)
+    old = lp.to_dict()
+    old["format_version"] = 1
+    with pytest.raises(ValueError, match="version 1 .*re-partition the graph"):
+        LocalPartition.from_dict(old)
     assert back.global_counts == lp.global_counts and back.options == lp.options
     assert back.fingerprint == lp.fingerprint and back.rank == 1
     assert set(back.node_attrs) == {"x", "y", "train_mask", "val_mask", "test_mask"}

@@ -428,3 +428,61 @@ def test_read_only_cache_with_complete_partition_is_reused(tmp_path, graph, read
     path = partition_graph(graph, 2, root=tmp_path, progress=False)
     read_only(tmp_path)
     assert partition_graph(graph, 2, root=tmp_path, progress=False) == path
+
+
+# -- format version 2: cut-edge data and aggregation plans ---------------------------
+
+def test_old_format_artifacts_are_refused_with_re_partition(saved):
+    _, path = saved
+    # A version-1 part file under a current manifest (sha256 made to match).
+    state = torch.load(path / "part-0-of-3.pt", weights_only=True)
+    state["format_version"] = 1
+    for key in ("in_pre", "out_edge_ids", "out_src", "out_dst", "out_dst_rank", "out_pre",
+                "out_dst_in_degree", "out_edge_attrs"):
+        del state[key]
+    torch.save(state, path / "part-0-of-3.pt")
+    _set_manifest_digest(path, "part-0-of-3.pt")
+    with pytest.raises(PartitionFormatError,
+                       match="format version 1 .*reads version 2.*re-partition"):
+        load_partition(path, 0)
+    # A version-1 manifest.
+    m = json.loads((path / "manifest.json").read_text())
+    m["format_version"] = 1
+    (path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(PartitionFormatError,
+                       match="format version 1 but this library reads version 2; "
+                             "re-partition the graph"):
+        load_partition(path, 1)
+    # partition_graph does not reuse it.
+    assert FORMAT_VERSION == 2
+
+
+def test_loaded_partitions_carry_cut_edges_and_plans(saved):
+    from lightning_fullgraph.partition import (
+        LOCAL_FORMAT_VERSION,
+        MODES,
+        build_local_partitions,
+        cut_cover,
+    )
+    data, path = saved
+    assert LOCAL_FORMAT_VERSION == 2
+    loaded = [load_partition(path, r, num_parts=3) for r in range(3)]
+    parts = torch.empty(data.num_nodes, dtype=torch.long)
+    for lp in loaded:
+        parts[lp.owned_ids] = lp.rank
+    cover = cut_cover(data.edge_index, parts, 3)
+    built = build_local_partitions(data, parts, cover=cover)
+    for a, b in zip(loaded, built):
+        for name in ("in_pre", "out_edge_ids", "out_src", "out_dst", "out_dst_rank",
+                     "out_pre", "out_dst_in_degree"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert a.out_edge_attrs.keys() == b.out_edge_attrs.keys() == {"edge_weight",
+                                                                       "edge_attr"}
+        for k in a.out_edge_attrs:
+            assert torch.equal(a.out_edge_attrs[k], b.out_edge_attrs[k])
+        for m in MODES:
+            pa, pb = a.plan(m), b.plan(m)
+            for name in ("halo_ids", "pre_slot_ids", "edge_index", "in_edges", "out_edges"):
+                assert torch.equal(getattr(pa, name), getattr(pb, name)), (m, name)
+    manifest = read_manifest(path)
+    assert manifest["stats"]["mode_rows"]["hybrid"] == int(cover.rows["hybrid"].sum())
