@@ -7,20 +7,30 @@ from .. import compat
 
 compat.require("torch_geometric")  # before the modules that reach into PyG
 
+from .agreement import Agreement, all_agree  # noqa: E402
+from .aggregation import MODES, PRE_LAYERS, AggregationRouter, pre_eligible  # noqa: E402
 from .batchnorm import DistributedBatchNorm, convert_batchnorm, revert_batchnorm  # noqa: E402
-from .codec import Codec, IdentityCodec  # noqa: E402
+from .codecs import Codec, IdentityCodec, WireContext  # noqa: E402
 from .engine import FullGraphEngine  # noqa: E402
 from .errors import CollectiveError  # noqa: E402
 from .exchange import HaloExchange  # noqa: E402
 from .gather import gather_nodes  # noqa: E402
-from .gradients import all_reduce_gradients, broadcast_parameters, loss_weight, reduce_backward  # noqa: E402
+from .gradients import (all_reduce_gradients, broadcast_parameters, loss_weight,  # noqa: E402
+                        reduce_backward)
+from .mesh import EngineMesh, ParallelDims  # noqa: E402
 from .norm import distributed_gcn_norm  # noqa: E402
 from .partitioned import PartitionedModel, SparseAdjacencyError, partition_model  # noqa: E402
+from .policy import ExchangePolicy  # noqa: E402
+from .static import StaticCache  # noqa: E402
 from .stats import CommStats, ExchangeCounter  # noqa: E402
 from .support import EXACT_LAYERS, UnsupportedLayerError, check_model  # noqa: E402
+from .transport import PendingExchange, Transport  # noqa: E402
 
 __all__ = [
-    "FullGraphEngine", "HaloExchange", "Codec", "IdentityCodec", "CommStats",
+    "FullGraphEngine", "HaloExchange", "Codec", "IdentityCodec", "WireContext", "CommStats",
+    "ExchangePolicy", "Transport", "PendingExchange", "EngineMesh", "ParallelDims",
+    "AggregationRouter", "MODES", "PRE_LAYERS", "pre_eligible", "StaticCache", "Agreement",
+    "all_agree",
     "ExchangeCounter", "PartitionedModel", "partition_model", "DistributedBatchNorm",
     "convert_batchnorm", "revert_batchnorm", "distributed_gcn_norm", "gather_nodes",
     "all_reduce_gradients", "reduce_backward", "broadcast_parameters", "loss_weight",

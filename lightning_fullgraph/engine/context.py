@@ -5,7 +5,7 @@ layer; a forward pre-hook pushes it here and a forward hook pops it, so those
 functions find the halo exchange of the layer that called them.
 """
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 __all__ = ["ActiveLayer", "current_layer", "push_layer", "pop_layer"]
@@ -20,6 +20,12 @@ class ActiveLayer:
     key: str
     exchange: Any
     calls: int = 0  # propagate/edge_update calls so far (one per hop in SGConv, APPNP)
+    owner: Any = None  # the PartitionedModel
+    state: Any = None  # its LayerState
+    norm_calls: int = 0  # gcn_norm calls so far
+    pending: List[Any] = field(default_factory=list)  # propagate calls awaiting their combine
+    training: bool = True  # the layer's mode: decisions are kept apart for train and eval
+    variant: str = ""  # marks calls of a rewritten forward (e.g. ".reordered") in point names
 
 
 def _stack() -> List[ActiveLayer]:

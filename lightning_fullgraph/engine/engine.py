@@ -19,11 +19,14 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from .codec import Codec
+from .aggregation import MODES, AggregationRouter
 from .exchange import HaloExchange
 from .gather import gather_nodes
 from .gradients import all_reduce_gradients, broadcast_parameters, loss_weight, reduce_backward
 from .partitioned import PartitionedModel, partition_model
+from .policy import ExchangePolicy
+from .static import StaticCache
+from .transport import Transport
 
 __all__ = ["FullGraphEngine"]
 
@@ -34,24 +37,47 @@ class FullGraphEngine:
     Args:
         partition (LocalPartition): This rank's partition.
         group (ProcessGroup, optional): Process group (default: the world).
-        codec (Codec, optional): Wire codec of the halo exchange.
+        codec (Codec or ExchangePolicy, optional): How halo rows cross the wire, for every
+            exchange point or per point and direction (default: exact).
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
         timeout (float or timedelta, optional): The collective timeout of
             :obj:`group`, named in error messages (the group enforces it: create it
             with ``dist.new_group(timeout=...)`` or ``init_process_group(timeout=...)``).
+        aggregation (str): ``"hybrid"`` (default), ``"pre"`` or ``"post"``: how cut edges of
+            eligible layers are aggregated (see :mod:`lightning_fullgraph.engine.aggregation`);
+            other layers always post-aggregate.
+        seed (int): Seed shared by the ranks, for stochastic codecs.
+        cache_static (bool): Compute ``gcn_norm`` once per graph and reuse the aggregation
+            of inputs that are the same unchanged tensor as last step (e.g. the raw features
+            into ``SAGEConv``/``GINConv``), without exchanging them again; exact (see
+            :mod:`lightning_fullgraph.engine.static`). Default on.
+        ranks_per_host (int, optional): Processes per machine (ranks host-major, as Lightning
+            numbers them): inter-host bytes are counted apart in :attr:`stats`.
     """
 
-    def __init__(self, partition, group: Optional[Any] = None, codec: Optional[Codec] = None,
-                 loss_mask: str = "train_mask", timeout: Optional[Any] = None) -> None:
+    def __init__(self, partition, group: Optional[Any] = None, codec: Any = None,
+                 loss_mask: str = "train_mask", timeout: Optional[Any] = None,
+                 aggregation: str = "hybrid", seed: int = 0,
+                 cache_static: bool = True, ranks_per_host: Optional[int] = None) -> None:
+        if aggregation not in MODES:
+            raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")
         self.partition = partition
         self.group = group
         self.timeout = timeout
-        self.exchange = HaloExchange.from_partition(partition, group=group, codec=codec,
-                                                    timeout=timeout)
+        self.aggregation = aggregation
+        self.policy = ExchangePolicy.of(codec)
+        self.transport = Transport(group, timeout=timeout, ranks_per_host=ranks_per_host)
+        self.exchanges = {mode: HaloExchange(partition.plan(mode), self.transport, self.policy,
+                                             seed)
+                          for mode in dict.fromkeys(("post", aggregation))}
+        self.exchange = self.exchanges["post"]
+        self.router = AggregationRouter(partition, self.exchanges, aggregation, group, timeout)
+        self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
         self.loss_mask = loss_mask
         self._model: Optional[PartitionedModel] = None
         self._data: Optional[Data] = None
+        self._device: Optional[torch.device] = None
         self._kernel_handle = None
 
     @property
@@ -59,6 +85,8 @@ class FullGraphEngine:
         r"""The rank-local graph as a PyG :class:`~torch_geometric.data.Data`."""
         if self._data is None:
             self._data = self.partition.to_data()
+            if self._device is not None:
+                self._data = self._data.to(self._device)
         return self._data
 
     @property
@@ -67,9 +95,21 @@ class FullGraphEngine:
         return self._model is not None and self._model.attached
 
     def to(self, device) -> "FullGraphEngine":
-        r"""Moves the rank-local graph to :obj:`device`."""
-        self._data = self.data.to(device)
+        r"""Moves the exchange plans (send and receive indices) to :obj:`device`, where the
+        rows live, and the rank-local graph (now if already built, else when first asked
+        for)."""
+        self._device = torch.device(device)
+        if self._data is not None:
+            self._data = self._data.to(self._device)
+        for exchange in self.exchanges.values():
+            exchange.to(self._device)
         return self
+
+    def next_step(self) -> int:
+        r"""Advances the step counter the codecs see (one per training step)."""
+        for exchange in self.exchanges.values():
+            exchange.step += 1
+        return self.exchange.step
 
     @property
     def stats(self):
@@ -82,7 +122,9 @@ class FullGraphEngine:
         broadcasts rank 0's parameters so all replicas start equal."""
         if self.attached:
             raise RuntimeError("a model is already attached; call detach() first")
-        self._model = partition_model(model, self.exchange, trusted_layers, sync_batchnorm)
+        self.static.clear()
+        self._model = partition_model(model, self.exchange, trusted_layers, sync_batchnorm,
+                                      self.router, self.static)
         if broadcast:
             broadcast_parameters(model, group=self.group)
         return self._model
@@ -92,15 +134,19 @@ class FullGraphEngine:
         :mod:`lightning_fullgraph.kernels` backend (``None``: PyG's own path)."""
         if self._model is None:
             raise RuntimeError("attach a model before choosing kernels")
+        self._model.unwrap_static()  # the static cache stays the outermost wrapper
         if self._kernel_handle is not None:
             self._kernel_handle.revert()
             self._kernel_handle = None
         if backend is not None:
             from .. import kernels
             self._kernel_handle = kernels.accelerate(self._model.model, backend=backend)
+        self._model.wrap_static()
 
     def detach(self) -> Optional[torch.nn.Module]:
         r"""Reverts the attached model to its original form (kernels included)."""
+        if self._model is not None:
+            self._model.unwrap_static()
         if self._kernel_handle is not None:
             self._kernel_handle.revert()
             self._kernel_handle = None

@@ -1,91 +1,139 @@
-"""Halo exchange: fills the halo rows of a node tensor from their owners.
+r"""The halo exchange of one rank: plan + transport + policy, as autograd functions.
 
-Every rank owns ``N_own`` nodes and needs the rows of ``N_halo`` further nodes
-(in-neighbours owned elsewhere).  :class:`HaloExchange` turns a tensor of owned
-rows ``[N_own, *]`` into ``[N_own + N_halo, *]`` with one
-``all_to_all_single`` (forward) and routes the halo gradients back to their
-owners with the transposed ``all_to_all_single`` (backward), where they are added
-to the owners' own gradients.  Rows cross the wire through a :class:`Codec`, and
-every call is counted in :class:`CommStats`.
+An :class:`~lightning_fullgraph.partition.AggregationPlan` (built at partition time) says which
+rows go from which rank to which on two channels:
 
-Every collective is :func:`~.errors.guarded`: a dead or stuck peer raises a
-:class:`~.errors.CollectiveError` naming the exchange point, the peers and the timeout.
-:meth:`HaloExchange.extend` is excluded from ``torch.compile`` tracing (a graph break), so a
-compiled model exchanges halo rows exactly as an eager one.
+* **post** (source rows): the owner of a boundary source sends its row; the receiver appends
+  it after its owned rows (:meth:`HaloExchange.extend`, ``[N_own, *] -> [N_own + N_halo, *]``),
+  and in backward returns the halo gradients to the owner, which adds them to its own;
+* **pre** (partial aggregates, SuperGCN): a sender aggregates its own sources into *pre slots*
+  of remote destinations; :meth:`HaloExchange.reduce` sends the slots to the destinations'
+  owners, which add them into their rows (``[N_own + S_pre, *] -> [N_own, *]``); backward sends
+  the owners' gradients back to the slots.
+
+Every transfer goes through :class:`~.transport.Transport` (counted, timed, device-aware) with
+the codec the :class:`~.policy.ExchangePolicy` assigns to the exchange point and direction.
+The public entry points are excluded from ``torch.compile`` tracing (a graph break), so a
+compiled model exchanges rows exactly as an eager one.
 """
 import math
-import time
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from .codec import Codec, IdentityCodec
-from .errors import guarded
+from .codecs import Codec, WireContext
+from .policy import ExchangePolicy
 from .stats import CommStats
+from .transport import Transport
 
 __all__ = ["HaloExchange"]
 
 
+def _counts(t: Tensor) -> List[int]:
+    return [int(c) for c in t.tolist()]
+
+
 class HaloExchange:
-    r"""Exchange plan of one rank plus the collectives that execute it.
+    r"""Halo rows and partial aggregates of one rank, for one aggregation plan.
 
     Args:
-        num_owned (int): Number of nodes this rank owns (:math:`N_{own}`).
-        send_index (torch.Tensor): Local indices of owned rows to send,
-            concatenated by destination rank, shape :math:`[S]`.
-        send_counts (torch.Tensor): Rows sent to each rank, shape :math:`[P]`.
-        halo_counts (torch.Tensor): Halo rows received from each rank, shape
-            :math:`[P]`; received rows are laid out by source rank, which is the
-            order of the rank's halo.
-        group (ProcessGroup, optional): Process group (default: the world).
-        codec (Codec, optional): Wire codec (default: :class:`IdentityCodec`).
-        timeout (float or timedelta, optional): The group's collective timeout, named in
-            error messages (the group itself enforces it).
+        plan (AggregationPlan): This rank's plan (``partition.plan(mode)``).
+        transport (Transport, optional): Moves the wire rows (default: the world group).
+        policy (ExchangePolicy or Codec, optional): How each exchange point crosses the wire
+            (default: exact).
+        seed (int): Seed shared by all ranks, for stochastic codecs.
     """
 
-    def __init__(self, num_owned: int, send_index: Tensor, send_counts: Tensor,
-                 halo_counts: Tensor, group: Optional[Any] = None,
-                 codec: Optional[Codec] = None, timeout: Optional[Any] = None) -> None:
-        world = dist.get_world_size(group) if dist.is_initialized() else 1
-        if send_counts.numel() != world or halo_counts.numel() != world:
-            raise ValueError(
-                f"exchange plan was built for {send_counts.numel()} ranks but the "
-                f"process group has {world}; re-partition for {world} parts")
-        if int(send_counts.sum()) != send_index.numel():
-            raise ValueError("send_counts do not add up to the length of send_index")
-        self.num_owned = int(num_owned)
-        self.num_halo = int(halo_counts.sum())
-        self.send_index = send_index.long()
-        self.send_counts = [int(c) for c in send_counts]
-        self.halo_counts = [int(c) for c in halo_counts]
-        self.group = group
-        self.world_size = world
-        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
-        self.timeout = timeout
-        self.codec = codec if codec is not None else IdentityCodec()
-        self.stats = CommStats()
-        # Ranks this rank exchanges rows with (named when a collective fails).
-        self.peers = tuple(r for r in range(world)
-                           if self.send_counts[r] > 0 or self.halo_counts[r] > 0)
+    def __init__(self, plan: Any, transport: Optional[Transport] = None,
+                 policy: Any = None, seed: int = 0) -> None:
+        self.plan = plan
+        self.transport = transport if transport is not None else Transport()
+        self.policy = ExchangePolicy.of(policy)
+        self.seed = int(seed)
+        self.step = 0  # advanced by the engine once per training step
+        world = self.transport.world_size
+        for name, channel in (("post", plan.post), ("pre", plan.pre)):
+            if channel.send_counts.numel() != world or channel.recv_counts.numel() != world:
+                raise ValueError(
+                    f"exchange plan was built for {channel.send_counts.numel()} ranks but the "
+                    f"process group has {world}; re-partition for {world} parts")
+            if int(channel.send_counts.sum()) != channel.send_index.numel() \
+                    or int(channel.recv_counts.sum()) != channel.recv_index.numel():
+                raise ValueError(f"the {name} channel's counts do not add up to its indices")
+        self.num_owned = int(plan.num_owned)
+        self.num_halo = int(plan.halo_ids.numel())
+        self.num_pre_slots = int(plan.num_pre_slots)
+        if self.num_pre_slots and not torch.equal(
+                plan.pre.send_index.cpu(),
+                torch.arange(self.num_owned, self.num_owned + self.num_pre_slots)):
+            raise ValueError("pre-channel rows must be the pre slots in order "
+                             "(N_own ... N_own + S_pre - 1)")
+        self._post_send, self._post_recv = _counts(plan.post.send_counts), \
+            _counts(plan.post.recv_counts)
+        self._pre_send, self._pre_recv = _counts(plan.pre.send_counts), \
+            _counts(plan.pre.recv_counts)
+        self.mode = getattr(plan, "mode", "post")
+        # A channel the mode leaves empty on every rank needs no collective at all (in "pre"
+        # mode no source row crosses the wire, in "post" no partial aggregate).
+        self.post_empty = self.mode == "pre"
+        self.pre_empty = self.mode == "post"
+        # Ranks this rank exchanges anything with (named when a collective fails).
+        self.peers = tuple(r for r in range(world) if r != self.rank and (
+            self._post_send[r] or self._post_recv[r] or self._pre_send[r] or self._pre_recv[r]))
 
     @classmethod
-    def from_partition(cls, partition, group: Optional[Any] = None,
-                       codec: Optional[Codec] = None,
-                       timeout: Optional[Any] = None) -> "HaloExchange":
-        r"""Builds the exchange of a :class:`~lightning_fullgraph.partition.LocalPartition`."""
-        return cls(partition.num_owned, partition.send_index, partition.send_counts,
-                   partition.halo_counts, group=group, codec=codec, timeout=timeout)
+    def from_partition(cls, partition, mode: str = "post", group: Optional[Any] = None,
+                       policy: Any = None, timeout: Optional[Any] = None,
+                       transport: Optional[Transport] = None, seed: int = 0) -> "HaloExchange":
+        r"""The exchange of a :class:`~lightning_fullgraph.partition.LocalPartition` in
+        aggregation :obj:`mode` (``"post"``, ``"pre"`` or ``"hybrid"``)."""
+        if transport is None:
+            transport = Transport(group, timeout=timeout)
+        return cls(partition.plan(mode), transport, policy, seed)
+
+    # -- properties --------------------------------------------------------------------------
+    @property
+    def stats(self) -> CommStats:
+        return self.transport.stats
+
+    @property
+    def group(self) -> Optional[Any]:
+        return self.transport.group
+
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.transport.world_size
+
+    @property
+    def timeout(self) -> Optional[Any]:
+        return self.transport.timeout
 
     @property
     def num_local(self) -> int:
-        r"""Rows of an extended tensor: owned plus halo."""
+        r"""Rows of an extended source tensor: owned plus halo."""
         return self.num_owned + self.num_halo
 
+    @property
+    def num_targets(self) -> int:
+        r"""Rows of an extended aggregation: owned plus pre slots."""
+        return self.num_owned + self.num_pre_slots
+
+    def to(self, device) -> "HaloExchange":
+        r"""Moves the plan's index tensors to :obj:`device` (where the rows live)."""
+        for channel in (self.plan.post, self.plan.pre):
+            channel.send_index = channel.send_index.to(device)
+            channel.recv_index = channel.recv_index.to(device)
+        return self
+
+    # -- the two channels ----------------------------------------------------------------------
     @torch.compiler.disable
     def extend(self, x: Tensor, key: str = "x", dim: int = 0) -> Tensor:
-        r"""Appends the halo rows to a tensor of owned rows.
+        r"""Appends the halo rows to a tensor of owned rows (post channel).
 
         Args:
             x (torch.Tensor): Owned rows, :math:`N_{own}` along :obj:`dim`.
@@ -101,54 +149,97 @@ class HaloExchange:
                 f"halo exchange '{key}': expected {self.num_owned} owned rows along "
                 f"dim {dim}, got {x.size(dim)}")
         if dim != 0:
-            return _Extend.apply(x.movedim(dim, 0), self, key).movedim(0, dim)
-        return _Extend.apply(x, self, key)
+            return _HaloRows.apply(x.movedim(dim, 0), self, key).movedim(0, dim)
+        return _HaloRows.apply(x, self, key)
 
-    # The two directions of the wire ------------------------------------------------
-    def _all_to_all(self, rows: Tensor, in_splits, out_splits, key: str,
-                    direction: str) -> Tensor:
+    @torch.compiler.disable
+    def reduce(self, aggregated: Tensor, key: str = "x.pre") -> Tensor:
+        r"""Adds the partial aggregates of the pre slots into their owners' rows (pre channel).
+
+        Every rank must call it for the same exchange points in the same order, also with
+        no slots of its own.
+
+        Args:
+            aggregated (torch.Tensor): :math:`[N_{own} + S_{pre}, *]`: owned rows, then this
+                rank's pre slots.
+            key (str): Name of the exchange point.
+
+        Returns:
+            :math:`[N_{own}, *]`; differentiable.
+        """
+        if aggregated.size(0) != self.num_targets:
+            raise ValueError(f"pre-aggregation '{key}': expected {self.num_targets} rows "
+                             f"(owned + pre slots), got {aggregated.size(0)}")
+        return _PreRows.apply(aggregated, self, key)
+
+    @torch.compiler.disable
+    def to_slots(self, owned: Tensor, key: str) -> Tensor:
+        r"""The owners' rows of every pre slot's destination, e.g. degrees (no autograd).
+
+        The transpose of :meth:`reduce`: ``[N_own, *] -> [S_pre, *]``.
+        """
+        rows = owned.index_select(0, self.plan.pre.recv_index)
+        return self._send(rows, self._pre_recv, self._pre_send, key, "forward")
+
+    # -- one transfer ------------------------------------------------------------------------------
+    def _send(self, rows: Tensor, send_counts: List[int], recv_counts: List[int], key: str,
+              direction: str) -> Tensor:
         shape = rows.shape[1:]
         flat = rows.reshape(rows.size(0), math.prod(shape))
-        start = time.perf_counter()
-        wire, ctx = self.codec.encode(flat, key)
-        wire = wire.contiguous()
-        n_out = sum(out_splits)
-        recv = wire.new_empty((n_out, ) + tuple(wire.shape[1:]))
-        if self.world_size > 1:
-            with guarded(f"halo exchange '{key}' ({direction})", self.rank, self.peers,
-                         self.timeout):
-                dist.all_to_all_single(recv, wire, output_split_sizes=out_splits,
-                                       input_split_sizes=in_splits, group=self.group)
-        out = self.codec.decode(recv, ctx, flat.size(1), key)
-        row_bytes = math.prod(wire.shape[1:]) * wire.element_size()
-        self.stats.record(key, direction, bytes_sent=sum(in_splits) * row_bytes,
-                          bytes_received=n_out * row_bytes, rows_sent=sum(in_splits),
-                          rows_received=n_out, seconds=time.perf_counter() - start)
-        return out.reshape((n_out, ) + tuple(shape))
-
-    def _forward_rows(self, x_own: Tensor, key: str) -> Tensor:
-        send = x_own.index_select(0, self.send_index)
-        return self._all_to_all(send, self.send_counts, self.halo_counts, key, "forward")
-
-    def _backward_rows(self, grad_halo: Tensor, key: str) -> Tensor:
-        return self._all_to_all(grad_halo, self.halo_counts, self.send_counts, key,
-                                "backward")
+        codec: Codec = self.policy.codec(key, direction)
+        ctx = WireContext(key, direction, self.step, self.rank, flat.size(1), flat.dtype,
+                          self.seed)
+        wire = codec.encode(flat, ctx)
+        received = self.transport.exchange(wire, send_counts, recv_counts, key=key,
+                                           direction=direction)
+        out = codec.decode(received, ctx)
+        return out.reshape((out.size(0), ) + tuple(shape))
 
 
-class _Extend(torch.autograd.Function):
+class _HaloRows(torch.autograd.Function):
     r"""``[N_own, *] -> [N_own + N_halo, *]``; backward returns halo gradients to owners."""
 
     @staticmethod
-    def forward(ctx, x_own: Tensor, exchange: HaloExchange, key: str) -> Tensor:
-        ctx.exchange = exchange
-        ctx.key = key
-        halo = exchange._forward_rows(x_own, key)
+    def forward(ctx, x_own: Tensor, ex: HaloExchange, key: str) -> Tensor:
+        ctx.ex, ctx.key = ex, key
+        if ex.post_empty:
+            return x_own.clone()
+        send = x_own.index_select(0, ex.plan.post.send_index)
+        halo = ex._send(send, ex._post_send, ex._post_recv, key, "forward")
         return torch.cat([x_own, halo.to(x_own.dtype)], dim=0)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        ex: HaloExchange = ctx.exchange
+        ex: HaloExchange = ctx.ex
+        if ex.post_empty:
+            return grad_out, None, None
         grad_own = grad_out[:ex.num_owned].clone()
-        grad_send = ex._backward_rows(grad_out[ex.num_owned:].contiguous(), ctx.key)
-        grad_own.index_add_(0, ex.send_index, grad_send.to(grad_own.dtype))
+        grad_halo = ex._send(grad_out[ex.num_owned:].contiguous(), ex._post_recv, ex._post_send,
+                             ctx.key, "backward")
+        grad_own.index_add_(0, ex.plan.post.send_index, grad_halo.to(grad_own.dtype))
         return grad_own, None, None
+
+
+class _PreRows(torch.autograd.Function):
+    r"""``[N_own + S_pre, *] -> [N_own, *]``: pre slots added into their owners' rows."""
+
+    @staticmethod
+    def forward(ctx, aggregated: Tensor, ex: HaloExchange, key: str) -> Tensor:
+        ctx.ex, ctx.key = ex, key
+        n = ex.num_owned
+        if ex.pre_empty:
+            return aggregated[:n].clone()
+        received = ex._send(aggregated[n:].contiguous(), ex._pre_send, ex._pre_recv, key,
+                            "forward")
+        out = aggregated[:n].clone()
+        out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        ex: HaloExchange = ctx.ex
+        if ex.pre_empty:
+            return grad_out, None, None  # no pre slots in this mode
+        grad_rows = grad_out.index_select(0, ex.plan.pre.recv_index)
+        grad_slots = ex._send(grad_rows, ex._pre_recv, ex._pre_send, ctx.key, "backward")
+        return torch.cat([grad_out, grad_slots.to(grad_out.dtype)], dim=0), None, None

@@ -12,6 +12,12 @@ each of those references for a dispatcher that runs the distributed version
 while a partitioned layer is executing and PyG's own otherwise; it is reference
 counted and undone by :func:`unpatch_gcn_norm`.  Inside a partitioned layer a sparse
 adjacency is refused (PyG's local normalization would use wrong halo degrees).
+
+In pre/hybrid aggregation (:mod:`.aggregation`) the layer propagates over its mode's edges,
+which include this rank's outgoing pre edges into pre slots: :func:`mode_gcn_norm` computes
+owned degrees over the complete in-edge list, fetches the degrees of the mode's halo sources
+(post channel) and of the pre slots' destinations (from their owners), and returns the mode's
+edges (with self-loops) and weights.  The layer then propagates exactly what one process would.
 """
 from typing import List, Optional, Tuple
 
@@ -64,6 +70,51 @@ def distributed_gcn_norm(exchange, edge_index: Tensor, edge_weight: Optional[Ten
     return edge_index, deg_inv_sqrt[row] * edge_weight * deg_inv_sqrt[col]
 
 
+def mode_gcn_norm(router, mode: str, edge_index: Tensor, edge_weight: Optional[Tensor],
+                  attr: Optional[str], improved: bool, add_self_loops: bool,
+                  dtype: Optional[torch.dtype], key: str) -> Tuple[Tensor, Tensor]:
+    r"""``gcn_norm`` of a rank in pre/hybrid aggregation (see the module docstring).
+
+    Args:
+        router (AggregationRouter): The engine's router.
+        mode (str): ``"pre"`` or ``"hybrid"``.
+        edge_index (torch.Tensor): The rank's in-edge list (``batch.edge_index``).
+        edge_weight (torch.Tensor, optional): Its raw weights (partition attribute
+            :obj:`attr`).
+        improved, add_self_loops, dtype: As PyG's ``gcn_norm``.
+        key (str): Layer name, for the exchange points.
+
+    Returns:
+        The mode's edges (owned rows + halo -> owned rows + pre slots, self-loops added)
+        and their normalized weights.
+    """
+    ex = router.exchanges[mode]
+    n, device = ex.num_owned, edge_index.device
+    fill = 2. if improved else 1.
+    # Owned degrees from the complete in-edge list (this rank holds every in-edge).
+    full_index, full_weight = edge_index, edge_weight
+    if add_self_loops:
+        full_index, full_weight = add_remaining_self_loops(edge_index, edge_weight, fill, n)
+    if full_weight is None:
+        full_weight = torch.ones((full_index.size(1), ), dtype=dtype, device=device)
+    deg = scatter(full_weight, full_index[1], dim=0, dim_size=n, reduce='sum')
+    deg_src = ex.extend(deg.unsqueeze(-1), key=f"{key}.degree").squeeze(-1)
+    deg_slots = ex.to_slots(deg.unsqueeze(-1), key=f"{key}.degree.slots").squeeze(-1)
+
+    # The mode's edges and raw weights; self-loops belong to owned nodes only.
+    index = router.mode_edge_index(mode, device)
+    weight = router.mode_edge_values(mode, edge_weight, attr)
+    if add_self_loops:
+        looped, weight = add_remaining_self_loops(index, weight, fill, n)
+        index = router.canonical_graph((mode, "self-loops", device), looped, mode)
+    if weight is None:
+        weight = torch.ones((index.size(1), ), dtype=full_weight.dtype, device=device)
+    dis_src = deg_src.pow(-0.5).masked_fill(deg_src == 0, 0)
+    deg_dst = torch.cat([deg, deg_slots])
+    dis_dst = deg_dst.pow(-0.5).masked_fill(deg_dst == 0, 0)
+    return index, dis_src[index[0]] * weight * dis_dst[index[1]]
+
+
 def _layer_key() -> str:
     layer = current_layer()
     return layer.key if layer is not None else "gcn_norm"
@@ -80,6 +131,42 @@ def _dispatch_gcn_norm(edge_index, edge_weight=None, num_nodes=None, improved=Fa
                              add_self_loops, flow, dtype)
     from .partitioned import check_dense_edge_index
     check_dense_edge_index(edge_index, layer.key)
+    router = getattr(layer.owner, "router", None)
+    static = getattr(layer.owner, "static", None)
+    call, layer.norm_calls = layer.norm_calls, layer.norm_calls + 1
+    attr = router.edge_attr_key(edge_weight) if router is not None and \
+        edge_weight is not None else None
+    vouched = router is not None and router.is_in_edges(edge_index) and (
+        edge_weight is None or attr is not None)
+
+    def compute():
+        return _routed_gcn_norm(layer, router, call, attr, vouched, edge_index, edge_weight,
+                                num_nodes, improved, add_self_loops, flow, dtype)
+
+    if static is None:
+        return compute()
+    phase = "train" if layer.training else "eval"
+    static_ok = vouched and (edge_weight is None or not edge_weight.requires_grad)
+    key = (layer.key, call, phase, improved, add_self_loops, flow, dtype, num_nodes, attr,
+           edge_index.device)
+    return static.normalization(f"{layer.key}.gcn_norm{call}.{phase}", key, static_ok, compute)
+
+
+def _routed_gcn_norm(layer, router, call, attr, vouched, edge_index, edge_weight, num_nodes,
+                     improved, add_self_loops, flow, dtype):
+    state = layer.state
+    if router is not None and state is not None and state.candidate != "post":
+        phase = "train" if layer.training else "eval"
+        mode = router.decide(f"{layer.key}.gcn_norm{call}.{phase}", state.candidate, vouched)
+        if mode != "post":
+            if flow != "source_to_target":
+                raise ValueError(f"layer '{layer.key}': flow='{flow}' is not supported")
+            if num_nodes is not None and num_nodes != layer.exchange.num_owned:
+                raise ValueError(
+                    f"layer '{layer.key}': gcn_norm called for {num_nodes} nodes but this rank "
+                    f"owns {layer.exchange.num_owned}; pass the rank-local node features")
+            return mode_gcn_norm(router, mode, edge_index, edge_weight, attr, improved,
+                                 add_self_loops, dtype, layer.key)
     if flow != "source_to_target":
         raise ValueError(f"layer '{layer.key}': flow='{flow}' is not supported by "
                          "partitioned execution (ranks hold in-edges of their nodes)")

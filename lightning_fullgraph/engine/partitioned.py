@@ -25,18 +25,29 @@ Everything between message-passing calls is compiled as usual.
 
 Sparse adjacency inputs (``torch.sparse`` tensors, ``SparseTensor``) are refused with a clear
 message: the engine's halo rows and degrees are built for the rank-local ``edge_index``.
+
+With an :class:`~.aggregation.AggregationRouter` (``aggregation="pre"`` or ``"hybrid"``),
+eligible layers are rewritten per call as :mod:`.aggregation` describes: the pre-hook switches
+to the mode's edges and halo, a propagate forward hook adds the received partial aggregates
+(and divides mean aggregations by the global in-degree).
 """
-from typing import Any, Callable, Iterable, List, Set, Tuple, Type
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Type
 
 import torch
 from torch import Tensor
+from torch_geometric.nn import aggr as pyg_aggr
 from torch_geometric.nn.conv import MessagePassing
 
 from .. import compat
+from .aggregation import PRE_LAYERS, AggregationRouter, pre_eligible
 from .batchnorm import convert_batchnorm, revert_batchnorm
 from .context import ActiveLayer, current_layer, pop_layer, push_layer
 from .exchange import HaloExchange
 from .norm import patch_gcn_norm, unpatch_gcn_norm
+from .agreement import Agreement
+from .reorder import reorderable, reordered_forward
+from .static import StaticCache
 from .support import check_model
 
 __all__ = ["PartitionedModel", "partition_model", "SparseAdjacencyError"]
@@ -70,40 +81,90 @@ def _eager(function: Callable) -> Callable:
     return wrapped
 
 
+@dataclass
+class LayerState:
+    r"""How one partitioned layer aggregates.
+
+    Attributes:
+        key (str): The layer's qualified name.
+        candidate (str): Its mode when its inputs allow (``"post"`` if ineligible).
+        mean (bool): Its mean aggregation runs as a sum divided by the in-degree.
+        edge_args (Tuple[str, ...]): ``propagate`` arguments aligned with the edges.
+    """
+    key: str
+    candidate: str = "post"
+    mean: bool = False
+    edge_args: Tuple[str, ...] = ()
+
+
+@dataclass
+class _Pending:
+    mode: str
+    exchange: HaloExchange
+    point: str
+    degree: Optional[Tensor]
+
+
 class PartitionedModel:
     r"""Handle of a model attached to a halo exchange; :meth:`revert` detaches it.
 
     Args:
         model (torch.nn.Module): The model; it is modified in place.
-        exchange (HaloExchange): The rank's exchange.
+        exchange (HaloExchange): The rank's (post-aggregation) exchange.
         trusted_layers (Iterable[type]): Extra layer classes declared exact.
         sync_batchnorm (bool): Synchronize ``BatchNorm1d`` across ranks.
+        router (AggregationRouter, optional): Pre/hybrid aggregation of eligible layers.
+        static (StaticCache, optional): Normalizations and aggregations of unchanged inputs
+            computed once (see :mod:`.static`).
     """
 
     def __init__(self, model: torch.nn.Module, exchange: HaloExchange,
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
-                 sync_batchnorm: bool = True) -> None:
+                 sync_batchnorm: bool = True,
+                 router: Optional[AggregationRouter] = None,
+                 static: Optional[StaticCache] = None) -> None:
         self.model = model
         self.exchange = exchange
+        self.router = router
+        self.static = static
+        self._static_wrapped: List[Any] = []
+        self._forward_wrapped: List[Any] = []
         self.layers: List[Tuple[str, MessagePassing]] = check_model(model, trusted_layers)
+        self.states: Dict[str, LayerState] = {}
         self._handles: List[Any] = []
         self._bn_swaps: List[Any] = []
         self._edge_wrapped: List[Any] = []
         self._propagate_wrapped: List[Any] = []
+        self._aggr_swaps: List[Tuple[MessagePassing, Any]] = []
         self._attached = False
         self._sync_batchnorm = sync_batchnorm
         self._attach()
 
     # -- apply / revert ------------------------------------------------------------
+    def _state(self, key: str, layer: MessagePassing) -> LayerState:
+        candidate = self.router.candidate(layer) if self.router is not None else "post"
+        if candidate == "post":
+            return LayerState(key)
+        mean = isinstance(layer.aggr_module, pyg_aggr.MeanAggregation)
+        if mean:  # partial aggregates are sums; the owner divides by the global in-degree
+            self._aggr_swaps.append((layer, layer.aggr_module))
+            layer.aggr_module = pyg_aggr.SumAggregation()
+        cls = next(c for c in PRE_LAYERS if isinstance(layer, c))
+        return LayerState(key, candidate, mean, PRE_LAYERS[cls])
+
     def _attach(self) -> None:
         for name, layer in self.layers:
             key = name or type(layer).__name__
+            state = self.states[key] = self._state(key, layer)
             self._handles += [
-                layer.register_forward_pre_hook(self._enter(key)),
+                layer.register_forward_pre_hook(self._enter(state)),
                 layer.register_forward_hook(_leave, always_call=True),
                 layer.register_propagate_forward_pre_hook(
-                    self._extend_hook(key, compat.propagate_source_args(layer), "propagate")),
+                    self._extend_hook(key, compat.propagate_source_args(layer), "propagate",
+                                      state)),
             ]
+            if state.candidate != "post" or state.mean:
+                self._handles.append(layer.register_propagate_forward_hook(_combine))
             self._wrap_propagate(layer)
             edge_args = compat.edge_update_source_args(layer)
             if edge_args:
@@ -112,11 +173,46 @@ class PartitionedModel:
             self._bn_swaps = convert_batchnorm(self.model, self.exchange.group)
         patch_gcn_norm()
         self._attached = True
+        self._wrap_reordered()
+        self.wrap_static()
+
+    def _wrap_reordered(self) -> None:
+        if self.static is None:
+            return
+        agreement = Agreement(self.exchange.group, "aggregation order", self.exchange.timeout)
+        for name, layer in self.layers:
+            if reorderable(layer):
+                ours = reordered_forward(layer, name or type(layer).__name__, layer.forward,
+                                         self.static, agreement)
+                self._forward_wrapped.append((layer, layer.__dict__.get("forward"), ours))
+                layer.__dict__["forward"] = ours
+
+    def wrap_static(self) -> None:
+        r"""Puts the static-input cache around the ``propagate`` of every eligible layer
+        (outermost: call again after another wrapper, e.g. the kernels', was added)."""
+        if self.static is None or self._static_wrapped:
+            return
+        for name, layer in self.layers:
+            if pre_eligible(layer):
+                ours = _eager(_static_propagate(layer, name or type(layer).__name__,
+                                                layer.propagate, self.static))
+                self._static_wrapped.append((layer, layer.__dict__.get("propagate"), ours))
+                layer.__dict__["propagate"] = ours
+
+    def unwrap_static(self) -> None:
+        r"""Removes what :meth:`wrap_static` added."""
+        for layer, had_own, ours in reversed(self._static_wrapped):
+            _restore(layer, "propagate", had_own, ours)
+        self._static_wrapped.clear()
 
     def revert(self) -> torch.nn.Module:
         r"""Removes every hook and swap; returns the model as it was (parameters kept)."""
         if not self._attached:
             return self.model
+        self.unwrap_static()
+        for layer, had_own, ours in reversed(self._forward_wrapped):
+            _restore(layer, "forward", had_own, ours)
+        self._forward_wrapped.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -126,6 +222,9 @@ class PartitionedModel:
         for layer, had_own, ours in self._propagate_wrapped:
             _restore(layer, "propagate", had_own, ours)
         self._propagate_wrapped.clear()
+        for layer, original in reversed(self._aggr_swaps):
+            layer.aggr_module = original
+        self._aggr_swaps.clear()
         revert_batchnorm(self._bn_swaps)
         self._bn_swaps = []
         unpatch_gcn_norm()
@@ -137,10 +236,11 @@ class PartitionedModel:
         return self._attached
 
     # -- hooks ---------------------------------------------------------------------
-    def _enter(self, key: str):
+    def _enter(self, state: LayerState):
         @torch.compiler.disable
         def hook(module, args):
-            push_layer(ActiveLayer(key, self.exchange))
+            push_layer(ActiveLayer(state.key, self.exchange, owner=self, state=state,
+                                   training=module.training))
         return hook
 
     def _wrap_propagate(self, layer: MessagePassing) -> None:
@@ -165,7 +265,8 @@ class PartitionedModel:
         self._edge_wrapped.append((layer, layer.__dict__.get("edge_updater"), ours))
         layer.__dict__["edge_updater"] = ours
 
-    def _extend_hook(self, key: str, source_args: Set[str], what: str):
+    def _extend_hook(self, key: str, source_args: Set[str], what: str,
+                     state: Optional[LayerState] = None):
         exchange = self.exchange
 
         def hook(module: MessagePassing, inputs):
@@ -176,6 +277,17 @@ class PartitionedModel:
             call = 0
             if active is not None:
                 call, active.calls = active.calls, active.calls + 1
+            if state is not None and state.candidate != "post":
+                phase = "train" if module.training else "eval"
+                mode = self._mode_of_call(f"{key}.{what}{call}.{phase}", edge_index, kwargs,
+                                          state)
+                if mode != "post":
+                    return self._rewrite(module, mode, f"{key}.{what}{call}", edge_index, size,
+                                         kwargs, source_args, state, active)
+            if state is not None and state.mean and active is not None:
+                # Post-aggregated mean as a sum: divide by this call's in-degree.
+                degree = torch.bincount(edge_index[1], minlength=n_own)
+                active.pending.append(_Pending("post", exchange, "", degree))
             new_kwargs = dict(kwargs)
             for arg in source_args:
                 value = kwargs.get(arg)
@@ -193,6 +305,47 @@ class PartitionedModel:
 
         return hook
 
+    # -- pre / hybrid ---------------------------------------------------------------
+    def _mode_of_call(self, point: str, edge_index: Any, kwargs: Dict[str, Any],
+                      state: LayerState) -> str:
+        router = self.router
+        made = router.graph_mode(edge_index)
+        if made is not None:  # the engine's gcn_norm made this edge list: already decided
+            return made
+        return router.decide(point, state.candidate, self._vouched(edge_index, kwargs, state))
+
+    def _vouched(self, edge_index: Any, kwargs: Dict[str, Any], state: LayerState) -> bool:
+        r"""Whether the call sees the partition's in-edges and edge values senders hold."""
+        if not self.router.is_in_edges(edge_index):
+            return False
+        return all(kwargs.get(arg) is None or self.router.edge_attr_key(kwargs[arg]) is not None
+                   for arg in state.edge_args)
+
+    def _rewrite(self, module: MessagePassing, mode: str, point: str, edge_index: Tensor,
+                 size: Any, kwargs: Dict[str, Any], source_args: Set[str], state: LayerState,
+                 active: Optional[ActiveLayer]):
+        router = self.router
+        ex = router.exchanges[mode]
+        new_kwargs = dict(kwargs)
+        if router.graph_mode(edge_index) is None:
+            # The in-edge list: switch to the mode's edges and their values.
+            for arg in state.edge_args:
+                value = kwargs.get(arg)
+                new_kwargs[arg] = router.mode_edge_values(
+                    mode, value, router.edge_attr_key(value) if value is not None else None)
+            edge_index = router.mode_edge_index(mode, edge_index.device)
+        for arg in source_args:
+            value = kwargs.get(arg)
+            own = value[0] if isinstance(value, (tuple, list)) else value
+            if isinstance(own, Tensor):
+                # Eligible layers read sources only (x_j): no destination rows are needed.
+                new_kwargs[arg] = (ex.extend(own, key=f"{point}.{arg}"), None)
+        degree = router.in_degree(edge_index.device, torch.long) if state.mean else None
+        if active is None:
+            raise RuntimeError(f"layer '{state.key}': propagate called outside its forward")
+        active.pending.append(_Pending(mode, ex, point, degree))
+        return edge_index, (ex.num_local, ex.num_targets), new_kwargs
+
     def _extend(self, value: Tensor, module: MessagePassing, key: str, point: str) -> Tensor:
         n_own, n_all = self.exchange.num_owned, self.exchange.num_local
         dim = module.node_dim % value.dim() if value.dim() > 1 else 0
@@ -207,9 +360,41 @@ class PartitionedModel:
         return self.exchange.extend(value, key=point, dim=dim)
 
 
+def _static_propagate(layer: MessagePassing, key: str, inner: Callable,
+                      static: StaticCache) -> Callable:
+    def propagate(*args, **kwargs):
+        active = current_layer()
+        if active is None:
+            return inner(*args, **kwargs)
+        call = active.calls
+        phase = "train" if layer.training else "eval"
+        out = static.aggregation(f"{key}.propagate{call}{active.variant}.{phase}", (args, kwargs),
+                                 lambda: inner(*args, **kwargs))
+        if active.calls == call:  # reused: no pre-hook ran, keep the hop numbering
+            active.calls += 1
+        return out
+    return propagate
+
+
 @torch.compiler.disable
 def _leave(module, args, output):
     pop_layer()
+
+
+@torch.compiler.disable
+def _combine(module, inputs, output):
+    r"""After aggregation: add the received partial aggregates, finish a mean."""
+    active = current_layer()
+    if active is None or not active.pending:
+        return output
+    pending = active.pending.pop(0)
+    out = output
+    if pending.mode != "post":
+        out = pending.exchange.reduce(out, key=f"{pending.point}.pre")
+    if pending.degree is not None:
+        degree = pending.degree.clamp(min=1).to(out.dtype)
+        out = out / degree.view((-1, ) + (1, ) * (out.dim() - 1))
+    return out
 
 
 def _restore(layer: MessagePassing, name: str, had_own: Any, ours: Callable) -> None:
@@ -223,6 +408,8 @@ def _restore(layer: MessagePassing, name: str, had_own: Any, ours: Callable) -> 
 
 def partition_model(model: torch.nn.Module, exchange: HaloExchange,
                     trusted_layers: Iterable[Type[torch.nn.Module]] = (),
-                    sync_batchnorm: bool = True) -> PartitionedModel:
+                    sync_batchnorm: bool = True,
+                    router: Optional[AggregationRouter] = None,
+                    static: Optional[StaticCache] = None) -> PartitionedModel:
     r"""Attaches :obj:`model` to a halo exchange; see :class:`PartitionedModel`."""
-    return PartitionedModel(model, exchange, trusted_layers, sync_batchnorm)
+    return PartitionedModel(model, exchange, trusted_layers, sync_batchnorm, router, static)

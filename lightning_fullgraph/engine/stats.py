@@ -16,8 +16,12 @@ class ExchangeCounter:
     rows_sent: int = 0
     rows_received: int = 0
     seconds: float = 0.0
+    inter_host_bytes_sent: int = 0  # the part of bytes_sent that went to other hosts
+    inter_host_bytes_received: int = 0
 
     def add(self, other: "ExchangeCounter") -> None:
+        self.inter_host_bytes_sent += other.inter_host_bytes_sent
+        self.inter_host_bytes_received += other.inter_host_bytes_received
         self.calls += other.calls
         self.bytes_sent += other.bytes_sent
         self.bytes_received += other.bytes_received
@@ -39,8 +43,11 @@ class CommStats:
         default_factory=lambda: defaultdict(ExchangeCounter))
 
     def record(self, key: str, direction: str, *, bytes_sent: int, bytes_received: int,
-               rows_sent: int, rows_received: int, seconds: float) -> None:
+               rows_sent: int, rows_received: int, seconds: float,
+               inter_host_bytes_sent: int = 0, inter_host_bytes_received: int = 0) -> None:
         c = self.counters[(key, direction)]
+        c.inter_host_bytes_sent += inter_host_bytes_sent
+        c.inter_host_bytes_received += inter_host_bytes_received
         c.calls += 1
         c.bytes_sent += bytes_sent
         c.bytes_received += bytes_received
@@ -77,6 +84,8 @@ class CommStats:
         t = self.total()
         out["comm/bytes_sent"] = float(t.bytes_sent)
         out["comm/bytes_received"] = float(t.bytes_received)
+        out["comm/inter_host_bytes_sent"] = float(t.inter_host_bytes_sent)
+        out["comm/inter_host_bytes_received"] = float(t.inter_host_bytes_received)
         out["comm/seconds"] = t.seconds
         out["comm/exchanges"] = float(t.calls)
         return out

@@ -23,10 +23,15 @@ LAYERS = {
     # Edge features through the engine: weights and attributes travel with the in-edges.
     "gcn_weighted": lambda: GCNConv(HIDDEN, HIDDEN),
     "graph_weighted": lambda: GraphConv(HIDDEN, HIDDEN),
+    "sgc_weighted": lambda: SGConv(HIDDEN, HIDDEN, K=2),
+    "appnp_weighted": lambda: APPNP(K=3, alpha=0.1),
+    "tag_weighted": lambda: TAGConv(HIDDEN, HIDDEN, K=2),
+    "gcn2_weighted": lambda: GCN2Conv(HIDDEN, alpha=0.1, theta=0.5, layer=1),
     "gat_edge_attr": lambda: GATConv(HIDDEN, HIDDEN // 2, heads=2, edge_dim=EDGE_DIM),
 }
 EDGE_DIM = 3
-USES_EDGE_WEIGHT = {"gcn_weighted", "graph_weighted"}
+USES_EDGE_WEIGHT = {"gcn_weighted", "graph_weighted", "sgc_weighted", "appnp_weighted",
+                    "tag_weighted", "gcn2_weighted"}
 USES_EDGE_ATTR = {"gat_edge_attr"}
 
 
@@ -51,6 +56,8 @@ class Net(nn.Module):
     def _conv(self, conv, x, x0, edge_index, edge_weight, edge_attr):
         if self.kind == "gcn2":
             return conv(x, x0, edge_index)
+        if self.kind == "gcn2_weighted":
+            return conv(x, x0, edge_index, edge_weight)
         if self.kind in USES_EDGE_WEIGHT:
             return conv(x, edge_index, edge_weight)
         if self.kind in USES_EDGE_ATTR:

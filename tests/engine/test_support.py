@@ -2,19 +2,22 @@
 import pytest
 import torch
 from torch_geometric.nn import ChebConv, GCNConv, GraphNorm, LayerNorm
+from torch_geometric.data import Data
 from torch_geometric.nn.conv import gcn_conv, sg_conv
 
 from lightning_fullgraph.engine import norm as engine_norm
 from lightning_fullgraph.engine import (DistributedBatchNorm, HaloExchange, UnsupportedLayerError,
                                         check_model, partition_model)
+from lightning_fullgraph.partition import build_local_partitions
 
 from .models import Net
 
 
 def _exchange(num_nodes):
     # One rank, no halo: enough to exercise the hooks without a process group.
-    return HaloExchange(num_nodes, torch.empty(0, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                        torch.zeros(1, dtype=torch.long))
+    data = Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=num_nodes)
+    part = build_local_partitions(data, torch.zeros(num_nodes, dtype=torch.long))[0]
+    return HaloExchange(part.plan("post"))
 
 
 def test_unverified_layer_is_named():

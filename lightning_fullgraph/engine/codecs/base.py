@@ -1,56 +1,76 @@
-"""Wire codecs: what a halo row looks like while it crosses the network.
+r"""The codec contract and the context both ends of an exchange share."""
+import hashlib
+from dataclasses import dataclass
+from typing import Optional
 
-The exchange never sends a tensor directly; it asks its codec to *encode* the rows
-it is about to send and to *decode* what arrived.  The identity codec keeps rows as
-they are (exact training).  Lossy codecs (quantization with stochastic rounding and
-bit packing) implement the same two methods and plug in without touching the
-exchange.  The only rule is that a codec maps ``[rows, width]`` to a wire tensor
-that still has one row per halo row, so that ``all_to_all_single`` split sizes
-(counted in rows) stay valid.
-"""
-from typing import Any, Tuple
-
+import torch
 from torch import Tensor
 
-__all__ = ["Codec", "IdentityCodec"]
+__all__ = ["Codec", "WireContext"]
+
+
+@dataclass(frozen=True)
+class WireContext:
+    r"""What both ends of one exchange know without communicating.
+
+    Args:
+        key (str): Exchange point (layer, call and argument), e.g. ``"conv1.propagate0.x"``.
+        direction (str): ``"forward"`` (rows) or ``"backward"`` (gradients).
+        step (int): Training step (the engine counts forward passes).
+        rank (int): Rank that *encodes* (the sender).
+        num_features (int): Width :math:`F` of a decoded row.
+        dtype (torch.dtype): dtype of the decoded rows.
+        seed (int): Seed shared by all ranks (for stochastic codecs).
+    """
+
+    key: str
+    direction: str
+    step: int
+    rank: int
+    num_features: int
+    dtype: torch.dtype
+    seed: int = 0
+
+    def generator(self, device: Optional[torch.device] = None) -> torch.Generator:
+        r"""A generator seeded by ``(seed, step, key, direction, rank)``: the same draws for
+        a given run, rank and step however often it is asked for, on every process."""
+        text = f"{self.seed}|{self.step}|{self.key}|{self.direction}|{self.rank}".encode()
+        value = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+        gen = torch.Generator(device=device if device is not None else "cpu")
+        gen.manual_seed(value & ((1 << 63) - 1))
+        return gen
 
 
 class Codec:
     r"""Base class of wire codecs.
 
-    A codec turns the rows a rank sends into a wire tensor and back.  Rows are
-    always 2-D (``[rows, features]``); the exchange flattens trailing dimensions.
+    Rows are always 2-D (``[rows, features]``; the exchange flattens trailing dimensions).
+    A wire row may have any dtype and width, but one wire row encodes one row, and
+    :meth:`decode` must rebuild rows from the wire rows and the shared
+    :class:`WireContext` alone.
     """
 
     #: ``True`` when :meth:`decode` of :meth:`encode` returns the input bit for bit.
     lossless: bool = True
 
-    def encode(self, rows: Tensor, key: str) -> Tuple[Tensor, Any]:
+    def encode(self, rows: Tensor, ctx: WireContext) -> Tensor:
         r"""Encodes rows for sending.
 
         Args:
             rows (torch.Tensor): Rows to send, shape :math:`[S, F]`.
-            key (str): Name of the exchange point (layer and argument); codecs
-                with per-layer state (bit width, error feedback) key on it.
+            ctx (WireContext): The exchange being encoded.
 
         Returns:
-            The wire tensor of shape :math:`[S, W]` (any dtype) and a context
-            object passed back to :meth:`decode` on the receiving side.
+            Wire rows, shape :math:`[S, W]` (any dtype).
         """
         raise NotImplementedError  # abstract: subclasses define the wire format
 
-    def decode(self, wire: Tensor, ctx: Any, num_features: int, key: str) -> Tensor:
-        r"""Decodes received wire rows of shape :math:`[R, W]` into :math:`[R, F]`."""
+    def decode(self, wire: Tensor, ctx: WireContext) -> Tensor:
+        r"""Decodes received wire rows :math:`[R, W]` into rows :math:`[R, F]`."""
         raise NotImplementedError  # abstract: subclasses define the wire format
 
-
-class IdentityCodec(Codec):
-    r"""Sends rows unchanged (exact, the default)."""
-
-    lossless = True
-
-    def encode(self, rows: Tensor, key: str) -> Tuple[Tensor, Any]:
-        return rows, None
-
-    def decode(self, wire: Tensor, ctx: Any, num_features: int, key: str) -> Tensor:
-        return wire
+    def wire_bytes(self, num_rows: int, num_features: int, dtype: torch.dtype) -> int:
+        r"""Bytes on the wire for :obj:`num_rows` rows of :obj:`num_features` (for planning)."""
+        probe = self.encode(torch.zeros(1, num_features, dtype=dtype),
+                            WireContext("probe", "forward", 0, 0, num_features, dtype))
+        return num_rows * probe[0].numel() * probe.element_size()

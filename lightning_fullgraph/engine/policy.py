@@ -1,0 +1,70 @@
+r"""What each exchange point does, per direction.
+
+An exchange point is one tensor a layer exchanges in one call, named
+``"<layer>.<propagate|edge_update><call>.<argument>"`` (e.g. ``"conv1.propagate0.x"``,
+``"conv2.degree"``) for halo rows, with ``".pre"`` appended for partial aggregates.  A policy
+maps points and directions (``"forward"`` rows, ``"backward"`` gradients) to how they cross the
+wire.  Today that is a codec (exact by default); caching, staleness and sampling attach here.
+
+Example::
+
+    policy = ExchangePolicy(points={"conv1.*": ExchangePolicy(backward=MyCodec())})
+"""
+from fnmatch import fnmatchcase
+from typing import Mapping, Optional, Union
+
+from .codecs import Codec, IdentityCodec
+
+__all__ = ["ExchangePolicy", "DIRECTIONS"]
+
+DIRECTIONS = ("forward", "backward")
+
+
+class ExchangePolicy:
+    r"""How exchange points send their rows.
+
+    Args:
+        codec (Codec, optional): Codec of both directions (default: exact).
+        forward (Codec, optional): Codec of forward rows (overrides :obj:`codec`).
+        backward (Codec, optional): Codec of backward gradients (overrides :obj:`codec`).
+        points (Mapping[str, ExchangePolicy or Codec], optional): Policies of the exchange
+            points whose key matches a glob pattern; the first matching pattern wins.
+    """
+
+    def __init__(self, codec: Optional[Codec] = None, *, forward: Optional[Codec] = None,
+                 backward: Optional[Codec] = None,
+                 points: Optional[Mapping[str, Union["ExchangePolicy", Codec]]] = None) -> None:
+        for name, value in (("codec", codec), ("forward", forward), ("backward", backward)):
+            if value is not None and not isinstance(value, Codec):
+                raise TypeError(f"ExchangePolicy({name}=...) takes a Codec, got "
+                                f"{type(value).__name__}")
+        self._codecs = {"forward": forward or codec, "backward": backward or codec}
+        self.points = {pattern: (rule if isinstance(rule, ExchangePolicy) else
+                                 ExchangePolicy(rule)) for pattern, rule in (points or {}).items()}
+        self._identity = IdentityCodec()
+
+    @classmethod
+    def of(cls, value: Union[None, "ExchangePolicy", Codec]) -> "ExchangePolicy":
+        r"""A policy from a policy, a codec (both directions) or :obj:`None` (exact)."""
+        if value is None:
+            return cls()
+        if isinstance(value, ExchangePolicy):
+            return value
+        if isinstance(value, Codec):
+            return cls(value)
+        raise TypeError(f"expected an ExchangePolicy or a Codec, got {type(value).__name__}")
+
+    def codec(self, key: str, direction: str) -> Codec:
+        r"""The codec of exchange point :obj:`key` in :obj:`direction`."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        for pattern, rule in self.points.items():
+            if fnmatchcase(key, pattern):
+                return rule.codec(key, direction)
+        return self._codecs[direction] or self._identity
+
+    @property
+    def lossless(self) -> bool:
+        r"""Whether every codec this policy can return is lossless."""
+        codecs = [c for c in self._codecs.values() if c is not None]
+        return all(c.lossless for c in codecs) and all(p.lossless for p in self.points.values())

@@ -1,0 +1,85 @@
+r"""``GCNConv`` on an unchanged input: aggregate first, transform after.
+
+``GCNConv`` computes :math:`\hat{A}(XW)`: its exchange carries the transformed rows, which
+change every step, so nothing can be reused even when :math:`X` (e.g. the raw features) is
+the same tensor every step.  :math:`\hat{A}(XW) = (\hat{A}X)W` (the layer's linear map has no
+bias; the bias is added after aggregation), so when the input is unchanged since the previous
+call the engine runs the layer as ``lin(propagate(x)) + bias``: the aggregation of :math:`X`
+is then a static aggregation (:mod:`.static`) -- exchanged and computed once, reused by every
+later step.  The result equals the layer's own within floating-point reassociation.
+
+Which order runs changes the width of the exchanged rows, so it is agreed by all ranks: the
+point's eligibility once (an input without gradient), then on every eligible call whether every
+rank sees the same input as last time.  Input dropout makes a new tensor every step: the layer
+then runs in its own order (aggregating :math:`XW` is the cheaper one then).
+"""
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+from torch_geometric.nn.conv import GCNConv, gcn_conv
+
+from .agreement import Agreement, all_agree
+from .context import current_layer
+from .static import StaticCache, _signature
+
+__all__ = ["reorderable", "reordered_forward"]
+
+
+def reorderable(layer: Any) -> bool:
+    r"""Whether :obj:`layer` is a ``GCNConv`` whose forward is PyG's own (not a subclass that
+    changes it) with a bias-free linear map."""
+    return (isinstance(layer, GCNConv) and type(layer).forward is GCNConv.forward
+            and getattr(layer.lin, "bias", None) is None)
+
+
+class _LastInput:
+    def __init__(self) -> None:
+        self.tensor: Optional[Tensor] = None  # kept alive: its memory cannot be reused
+        self.signature: Optional[tuple] = None
+
+    def same(self, x: Tensor) -> bool:
+        return self.tensor is not None and _signature(x) == self.signature
+
+    def remember(self, x: Tensor) -> None:
+        self.tensor, self.signature = x, _signature(x)
+
+
+def reordered_forward(layer: GCNConv, key: str, original: Callable, static: StaticCache,
+                      agreement: Agreement) -> Callable:
+    r"""A ``forward`` for :obj:`layer` that aggregates an unchanged input before transforming
+    it (see the module docstring); otherwise calls :obj:`original`."""
+    last = {"train": _LastInput(), "eval": _LastInput()}
+
+    def forward(x: Tensor, edge_index: Any, edge_weight: Optional[Tensor] = None) -> Tensor:
+        if not static.enabled or not isinstance(x, Tensor) or not isinstance(edge_index, Tensor) \
+                or not layer.normalize:
+            return original(x, edge_index, edge_weight)
+        phase = "train" if layer.training else "eval"
+        point = f"{key}.reorder.{phase}"
+        if not agreement.decide(point, not x.requires_grad):
+            return original(x, edge_index, edge_weight)
+        seen = last[phase]
+        same = not x.requires_grad and seen.same(x)
+        if not x.requires_grad:
+            seen.remember(x)
+        if not all_agree(same, static.group, f"static-input check for '{point}'",
+                         static.timeout):
+            return original(x, edge_index, edge_weight)
+        edge_index, edge_weight = gcn_conv.gcn_norm(  # the engine's dispatcher (cached)
+            edge_index, edge_weight, x.size(layer.node_dim), layer.improved,
+            layer.add_self_loops, layer.flow, x.dtype)
+        active = current_layer()
+        if active is not None:
+            active.variant = ".reordered"  # its own static-cache point
+        try:
+            aggregated = layer.propagate(edge_index, x=x, edge_weight=edge_weight)
+        finally:
+            if active is not None:
+                active.variant = ""
+        out = layer.lin(aggregated)
+        if layer.bias is not None:
+            out = out + layer.bias
+        return out
+
+    return torch.compiler.disable(forward)

@@ -1,0 +1,168 @@
+r"""What does not change is neither recomputed nor resent.
+
+Full-graph training runs on a static graph, yet an unmodified PyG model recomputes
+``gcn_norm`` (and exchanges halo degrees for it) every step, and aggregates -- and exchanges
+-- its raw input features every step although they are the very same tensor.
+:class:`StaticCache` keeps both:
+
+* **normalizations**: the result of ``gcn_norm`` for the partition's own edge list and edge
+  values (``None`` or a partition edge attribute, recognized by content) is computed once per
+  layer, call, options, dtype and device;
+* **aggregations of unchanged inputs**: a ``propagate`` call of a layer whose message is a
+  source row times an edge scalar and whose aggregation is a sum or mean
+  (:data:`~.aggregation.PRE_LAYERS`: ``SAGEConv``, ``GINConv``, ``GraphConv``, ``TAGConv``'s
+  hops, ...) is a function of its inputs only.  When none of them needs a gradient and each is
+  the *same tensor, unmodified* as in the previous call -- same storage, offset, shape, dtype
+  and version counter, with the previous tensor kept alive so its memory cannot be reused by
+  a new one -- the previous output is returned without exchanging anything.  Input dropout
+  makes a new tensor every step, so nothing is reused then.
+
+Skipping an exchange must happen on all ranks or none: every reuse is agreed by all ranks
+in one small all-reduce, which replaces the exchange (for aggregations, only at points
+agreed eligible on their first call, :class:`~.agreement.Agreement`).  A rank whose inputs
+changed makes every rank recompute.  Decisions are
+kept apart for training and evaluation, so a validation pass without dropout does not decide
+for training steps with it.
+
+The results are the same tensors the uncached computation returns, bit for bit.
+``FullGraphEngine(cache_static=False)`` turns the cache off.
+"""
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from torch import Tensor
+
+from .agreement import Agreement, all_agree
+
+__all__ = ["StaticCache"]
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _leaves(value: Any) -> Optional[Tuple[Any, ...]]:
+    r"""Flattens tuples/lists/dicts into tensors and plain values; :obj:`None` if anything
+    else (e.g. a ``SparseTensor``) appears, which is then never treated as static."""
+    if isinstance(value, Tensor) or isinstance(value, _PLAIN):
+        return (value, )
+    if isinstance(value, dict):
+        value = tuple(value[k] for k in sorted(value))
+    if isinstance(value, (tuple, list)):
+        out = []
+        for v in value:
+            sub = _leaves(v)
+            if sub is None:
+                return None
+            out.extend(sub)
+        return tuple(out)
+    return None
+
+
+def _signature(t: Tensor) -> tuple:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+            tuple(t.stride()), t.dtype, t.device, t._version)
+
+
+@dataclass
+class _Entry:
+    inputs: Tuple[Any, ...]  # the input tensors (kept alive) or other values, in call order
+    signatures: Tuple[Any, ...]
+    output: Any
+    output_version: int
+
+
+class StaticCache:
+    r"""Per-rank cache of static normalizations and aggregations (see the module docstring).
+
+    Args:
+        group (ProcessGroup, optional): Group of the agreement all-reduces.
+        enabled (bool): Off: every call recomputes and exchanges.
+        timeout (float or timedelta, optional): The group's timeout, named in errors.
+    """
+
+    def __init__(self, group: Optional[Any] = None, enabled: bool = True,
+                 timeout: Optional[Any] = None) -> None:
+        self.group = group
+        self.enabled = bool(enabled)
+        self.timeout = timeout
+        self._eligible = Agreement(group, "static-input cache", timeout)
+        self._norms: Dict[tuple, Any] = {}
+        self._aggregations: Dict[str, _Entry] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def clear(self) -> None:
+        r"""Forgets every cached result (decisions too)."""
+        self._norms.clear()
+        self._aggregations.clear()
+        self._eligible.clear()
+
+    # -- normalizations -------------------------------------------------------------------
+    def normalization(self, point: str, key: tuple, local_ok: bool,
+                      compute: Callable[[], Any]) -> Any:
+        r"""``compute()`` once per :obj:`key` while every rank's inputs are the partition's
+        (:obj:`local_ok`), else every time.
+
+        Every call agrees, in one small all-reduce, whether all ranks hold the result
+        (the exchange of halo degrees it replaces is a collective too).
+        """
+        if not self.enabled:
+            return compute()
+        found = self._norms.get(key) if local_ok else None
+        if all_agree(found is not None, self.group,
+                     f"static normalization check for '{point}'", self.timeout):
+            self.hits += 1
+            return found
+        result = compute()
+        if local_ok:
+            self._norms[key] = result
+        return result
+
+    # -- aggregations of unchanged inputs -------------------------------------------------
+    def aggregation(self, point: str, inputs: Tuple[Any, ...],
+                    compute: Callable[[], Any]) -> Any:
+        r"""The output of a ``propagate`` call of an eligible layer, reused while its
+        inputs are unchanged.
+
+        Args:
+            point (str): The call's name (layer, call index, training or evaluation).
+            inputs (tuple): Every argument of the call; tensors (also inside tuples and
+                lists) are compared by storage and version, other values by equality.
+            compute: Runs the call (with its exchanges).
+        """
+        if not self.enabled:
+            return compute()
+        leaves = _leaves(inputs)
+        static = leaves is not None and not any(
+            isinstance(v, Tensor) and v.requires_grad for v in leaves)
+        if not self._eligible.decide(point, static):
+            return compute()
+        entry = self._aggregations.get(point)
+        hit = static and entry is not None and self._same(entry, leaves)
+        if all_agree(hit, self.group, f"static-input cache check for '{point}'",
+                     self.timeout):
+            self.hits += 1
+            return entry.output
+        self.misses += 1
+        output = compute()
+        if static and isinstance(output, Tensor) and not output.requires_grad:
+            self._aggregations[point] = _Entry(
+                inputs=leaves, signatures=tuple(
+                    _signature(v) if isinstance(v, Tensor) else None for v in leaves),
+                output=output, output_version=output._version)
+        else:
+            self._aggregations.pop(point, None)
+        return output
+
+    @staticmethod
+    def _same(entry: _Entry, inputs: Tuple[Any, ...]) -> bool:
+        if entry.output._version != entry.output_version or len(inputs) != len(entry.inputs):
+            return False  # the output was modified in place downstream
+        for new, old, sig in zip(inputs, entry.inputs, entry.signatures):
+            if isinstance(new, Tensor) or isinstance(old, Tensor):
+                if not (isinstance(new, Tensor) and isinstance(old, Tensor)) \
+                        or _signature(new) != sig:
+                    return False
+            elif new != old:
+                return False
+        return True

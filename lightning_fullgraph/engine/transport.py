@@ -1,0 +1,192 @@
+r"""Moving wire rows between ranks: one ``all_to_all_single`` on a process group.
+
+:class:`Transport` knows nothing about graphs.  It takes a 2-D wire tensor (one row per
+message, any dtype) with row counts per peer, or a flat byte tensor with byte counts per peer
+(variable-width rows), exchanges it synchronously or asynchronously, counts the bytes on every
+path and times the exchange correctly on asynchronous devices (CUDA events, not the host clock).
+
+Device rules: tensors stay on their device when the backend can move them (NCCL: CUDA; gloo:
+CPU).  gloo with CUDA tensors is staged through host memory; half-precision rows travel as
+their bytes (uint8) on gloo (it has no int16, and its bf16/fp16 support is unreliable), bit
+for bit.
+"""
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .errors import guarded
+from .stats import CommStats
+
+__all__ = ["Transport", "PendingExchange"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class PendingExchange:
+    r"""An exchange in flight; :meth:`wait` returns the received tensor.
+
+    The receive buffer must not be read before :meth:`wait`.  Bytes, rows and seconds are
+    counted when :meth:`wait` completes it (once, however often it is called).
+    """
+
+    recv: Tensor
+    _work: Any = None
+    _finish: Optional[Callable[[Tensor], Tensor]] = None
+    _on_done: Optional[Callable[[], None]] = None
+    _done: bool = field(default=False)
+
+    def wait(self) -> Tensor:
+        if not self._done:
+            if self._work is not None:
+                self._work.wait()
+            self.recv = self._finish(self.recv) if self._finish is not None else self.recv
+            if self._on_done is not None:
+                self._on_done()
+            self._done = True
+        return self.recv
+
+    def is_completed(self) -> bool:
+        return self._done or self._work is None or bool(self._work.is_completed())
+
+
+class Transport:
+    r"""``all_to_all_single`` on one process group, with accounting.
+
+    Args:
+        group (ProcessGroup, optional): The group (default: the world).
+        stats (CommStats, optional): Where bytes, rows and seconds are counted.
+        timeout (float or timedelta, optional): The group's timeout, named in errors.
+        ranks_per_host (int, optional): Processes per host, ranks numbered host-major (as
+            Lightning numbers them across nodes): bytes to and from other hosts are also
+            counted apart (default: one host).
+    """
+
+    def __init__(self, group: Optional[Any] = None, stats: Optional[CommStats] = None,
+                 timeout: Optional[Any] = None, ranks_per_host: Optional[int] = None) -> None:
+        initialized = dist.is_available() and dist.is_initialized()
+        self.group = group
+        self.world_size = dist.get_world_size(group) if initialized else 1
+        self.rank = dist.get_rank(group) if initialized else 0
+        self.backend = dist.get_backend(group) if initialized else "none"
+        self.stats = stats if stats is not None else CommStats()
+        self.timeout = timeout
+        per = int(ranks_per_host) if ranks_per_host is not None else self.world_size
+        if per < 1:
+            raise ValueError(f"ranks_per_host must be positive, got {ranks_per_host}")
+        self.ranks_per_host = per
+        # Peers on other hosts (group ranks; the group is assumed host-major like the world).
+        self._remote = [r // per != self.rank // per for r in range(self.world_size)]
+
+    # -- the one collective ---------------------------------------------------------------
+    def exchange(self, send: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
+                 *, key: str, direction: str, unit: str = "rows",
+                 async_op: bool = False, rows: Optional[Sequence[int]] = None):
+        r"""Sends ``send`` split by :obj:`send_counts`, receives by :obj:`recv_counts`.
+
+        Args:
+            send (torch.Tensor): ``[S, W]`` wire rows (``unit="rows"``) or a flat ``[B]``
+                byte tensor (``unit="bytes"``).
+            send_counts, recv_counts: Per peer, in rows or bytes.
+            key (str): Exchange point, for statistics and errors.
+            direction (str): ``"forward"`` or ``"backward"``.
+            unit (str): ``"rows"`` or ``"bytes"``.
+            async_op (bool): Return a :class:`PendingExchange` instead of the result.
+            rows (Sequence[int], optional): ``(rows sent, rows received)`` when the unit is
+                bytes (for the row counters).
+
+        Returns:
+            The received tensor, or a :class:`PendingExchange` if :obj:`async_op`.
+        """
+        if unit not in ("rows", "bytes"):
+            raise ValueError(f"unit must be 'rows' or 'bytes', got {unit!r}")
+        send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+        if len(send_counts) != self.world_size or len(recv_counts) != self.world_size:
+            raise ValueError(f"exchange '{key}': {len(send_counts)} send and {len(recv_counts)} "
+                             f"receive counts for a group of {self.world_size}")
+        if sum(send_counts) != send.size(0):
+            raise ValueError(f"exchange '{key}': send counts add up to {sum(send_counts)} but "
+                             f"{send.size(0)} {unit} are given")
+        if unit == "bytes" and (send.dim() != 1 or send.dtype != torch.uint8):
+            raise ValueError("unit='bytes' needs a flat uint8 tensor")
+        wire, restore = self._for_backend(send.contiguous())
+        n_recv = sum(recv_counts)
+        recv = wire.new_empty((n_recv, ) + tuple(wire.shape[1:]))
+        row_bytes = math.prod(wire.shape[1:]) * wire.element_size()
+        bytes_sent, bytes_received = sum(send_counts) * row_bytes, n_recv * row_bytes
+        rows_sent, rows_received = (rows if rows is not None else (sum(send_counts), n_recv))
+        inter_sent = row_bytes * sum(c for c, far in zip(send_counts, self._remote) if far)
+        inter_received = row_bytes * sum(c for c, far in zip(recv_counts, self._remote) if far)
+        timer = _Timer(send.device)
+        work = None
+        if self.world_size > 1:
+            with guarded(f"halo exchange '{key}' ({direction})", self.rank, self._peers(
+                    send_counts, recv_counts), self.timeout):
+                work = dist.all_to_all_single(recv, wire, output_split_sizes=recv_counts,
+                                              input_split_sizes=send_counts, group=self.group,
+                                              async_op=async_op)
+        elif n_recv:
+            recv.copy_(wire)  # one process: what it sends is what it receives
+
+        def record():
+            self.stats.record(key, direction, bytes_sent=bytes_sent, bytes_received=bytes_received,
+                              rows_sent=rows_sent, rows_received=rows_received,
+                              seconds=timer.elapsed(), inter_host_bytes_sent=inter_sent,
+                              inter_host_bytes_received=inter_received)
+
+        finish = (lambda t: restore(t).to(send.device, non_blocking=True)) \
+            if restore is not None else None
+        pending = PendingExchange(recv, work if async_op else None, finish, record)
+        if async_op:
+            return pending
+        return pending.wait()
+
+    # -- device and dtype handling ----------------------------------------------------------
+    def _for_backend(self, wire: Tensor):
+        r"""Returns the tensor to hand to the backend and how to turn what arrives back."""
+        restore = None
+        dtype = wire.dtype
+        if self.backend == "gloo" and wire.device.type == "cuda":
+            wire = wire.cpu()  # gloo moves host memory; staged copy
+            restore = (lambda t: t)
+        if self.backend == "gloo" and dtype in _HALF:
+            # Same bits as bytes: gloo has no int16 ("Invalid scalar type") and its bf16/fp16
+            # support is unreliable.  A row of W values becomes 2W bytes (a 1-D tensor first
+            # gets a trailing dimension, so that the row splits stay what they were).
+            flat = wire.dim() == 1
+            wire = (wire.unsqueeze(-1) if flat else wire).view(torch.uint8)
+            prev = restore
+
+            def restore(t, prev=prev, flat=flat):
+                t = (prev(t) if prev else t).view(dtype)
+                return t.squeeze(-1) if flat else t
+        return wire, restore
+
+    def _peers(self, send_counts: List[int], recv_counts: List[int]) -> List[int]:
+        return [r for r in range(self.world_size)
+                if r != self.rank and (send_counts[r] > 0 or recv_counts[r] > 0)]
+
+
+class _Timer:
+    r"""Wall time of an exchange; on CUDA measured by events on the current stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda" and torch.cuda.is_available()
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        if self.cuda:
+            self.end.record()
+            self.end.synchronize()
+            return self.start.elapsed_time(self.end) / 1e3
+        return time.perf_counter() - self.t0

@@ -1,0 +1,348 @@
+"""``Transport``: one all-to-all of wire rows (or bytes), with exact accounting.
+
+One gloo job of 4 processes covers the multi-process cases (a process start costs seconds):
+the inter-host counters on the world group, everything else on a group of ranks 0..2
+(P=3, so splits can be unequal and some pairs exchange nothing).
+"""
+from datetime import timedelta
+
+import pytest
+import torch
+
+from lightning_fullgraph.engine import CommStats, PendingExchange, Transport
+from lightning_fullgraph.testing import run_distributed
+
+# ROWS[s][d]: rows rank s sends to rank d (P=3): unequal, with empty pairs and self-sends.
+ROWS = [[1, 0, 3],
+        [2, 2, 0],
+        [0, 4, 1]]
+# BYTES[s][d]: bytes rank s sends to rank d in the byte-unit exchange (variable-width rows).
+BYTES = [[0, 7, 13],
+         [5, 0, 1],
+         [9, 3, 0]]
+WIDTH = 3
+
+
+def _rows(src, dst, n, dtype=torch.float32):
+    r"""The rows :obj:`src` sends :obj:`dst`: each names its source, target and index."""
+    i = torch.arange(n, dtype=torch.float64)
+    return torch.stack([torch.full_like(i, src), torch.full_like(i, dst), i], 1).to(dtype)
+
+
+def _bytes(src, dst, n):
+    return ((torch.arange(n) * 7 + src * 50 + dst * 13) % 256).to(torch.uint8)
+
+
+def _half_rows(src, dst, n, dtype):
+    r"""Half-precision rows with awkward bit patterns (signed zero, inf, NaN payload,
+    subnormals), as int16 bits."""
+    g = torch.Generator().manual_seed(100 * src + dst)
+    bits = torch.randint(-2**15, 2**15, (n, 5), generator=g, dtype=torch.int32).to(torch.int16)
+    inf, nan = (0x7C00, 0x7E01) if dtype == torch.float16 else (0x7F80, 0x7F81)
+    special = torch.tensor([-0x8000, inf, nan, 0x0001, -1], dtype=torch.int16)  # -0, inf,
+    # a NaN with a payload, the smallest subnormal, a negative NaN
+    if n:
+        bits[0] = special
+    return bits
+
+
+def _counter(stats, key, direction="forward"):
+    c = stats.counters[(key, direction)]
+    return dict(calls=c.calls, bytes_sent=c.bytes_sent, bytes_received=c.bytes_received,
+                rows_sent=c.rows_sent, rows_received=c.rows_received,
+                inter_sent=c.inter_host_bytes_sent, inter_received=c.inter_host_bytes_received,
+                seconds=c.seconds)
+
+
+def _p3(rank, group):
+    r"""The P=3 battery of rank :obj:`rank` of :obj:`group`; returns plain values."""
+    t = Transport(group, timeout=timedelta(seconds=60))
+    assert (t.world_size, t.rank, t.backend) == (3, rank, "gloo")
+    out = {}
+    send_counts = ROWS[rank]
+    recv_counts = [ROWS[s][rank] for s in range(3)]
+    send = torch.cat([_rows(rank, d, ROWS[rank][d]) for d in range(3)])
+
+    got = t.exchange(send, send_counts, recv_counts, key="rows", direction="forward")
+    out["rows"] = got.tolist()
+    out["rows_dtype"] = str(got.dtype)
+    out["rows_counter"] = _counter(t.stats, "rows")
+
+    # Asynchronous: a PendingExchange, counted once however often it is waited for.
+    pending = t.exchange(send, send_counts, recv_counts, key="async", direction="backward",
+                         async_op=True)
+    out["async_type"] = type(pending).__name__
+    first = pending.wait()
+    out["async_equal"] = torch.equal(first, got)
+    out["async_same_object"] = pending.wait() is first
+    out["async_completed"] = pending.is_completed()
+    out["async_counter"] = _counter(t.stats, "async", "backward")
+
+    # Several exchanges in flight at once, waited for in reverse order.
+    many = [t.exchange(send * (k + 1), send_counts, recv_counts, key="many", direction="forward",
+                       async_op=True) for k in range(3)]
+    out["many_equal"] = [torch.equal(p.wait(), got * (k + 1))
+                         for k, p in reversed(list(enumerate(many)))]
+
+    # Byte unit: variable-width rows, flat uint8; the row counters come from `rows`.
+    bsend = torch.cat([_bytes(rank, d, BYTES[rank][d]) for d in range(3)])
+    brecv_counts = [BYTES[s][rank] for s in range(3)]
+    received = t.exchange(bsend, BYTES[rank], brecv_counts, key="bytes", direction="forward",
+                          unit="bytes", rows=(2, 5))
+    out["bytes"] = received.tolist()
+    out["bytes_dtype"] = str(received.dtype)
+    out["bytes_counter"] = _counter(t.stats, "bytes")
+    apending = t.exchange(bsend, BYTES[rank], brecv_counts, key="bytes_async",
+                          direction="forward", unit="bytes", async_op=True)
+    out["bytes_async_equal"] = torch.equal(apending.wait(), received)
+
+    # Half precision travels as int16 on gloo, bit for bit, and comes back in its dtype.
+    for dtype in (torch.bfloat16, torch.float16):
+        name = str(dtype).split(".")[1]
+        hsend = torch.cat([_half_rows(rank, d, ROWS[rank][d], dtype) for d in range(3)]).view(dtype)
+        hgot = t.exchange(hsend, send_counts, recv_counts, key=name, direction="forward")
+        out[name] = dict(dtype=str(hgot.dtype), bits=hgot.view(torch.int16).tolist(),
+                         counter=_counter(t.stats, name))
+        hasync = t.exchange(hsend, send_counts, recv_counts, key=name + "_async",
+                            direction="forward", async_op=True).wait()
+        out[name]["async_equal"] = hasync.dtype == dtype and torch.equal(
+            hasync.view(torch.int16), hgot.view(torch.int16))
+        # A 1-D tensor: one value per row.
+        one = t.exchange(hsend[:, 1].contiguous(), send_counts, recv_counts, key=name + "_1d",
+                         direction="forward")
+        out[name]["one_d"] = dict(shape=list(one.shape), dtype=str(one.dtype), equal=torch.equal(
+            one.view(torch.int16), hgot[:, 1].contiguous().view(torch.int16)),
+            bytes_sent=t.stats.counters[(name + "_1d", "forward")].bytes_sent)
+
+    # Trailing dimensions: one row is everything after the first dimension.
+    wide = send.reshape(-1, 1, WIDTH).expand(-1, 2, WIDTH).contiguous()
+    wgot = t.exchange(wide, send_counts, recv_counts, key="wide", direction="forward")
+    out["wide"] = dict(shape=list(wgot.shape), equal=torch.equal(wgot[:, 1], got),
+                       counter=_counter(t.stats, "wide"))
+
+    # Invalid inputs raise on every rank before any collective (nothing is left waiting).
+    errors = {}
+    for name, kwargs in {
+        "num_counts": dict(send=send, send_counts=send_counts[:2], recv_counts=recv_counts),
+        "num_recv_counts": dict(send=send, send_counts=send_counts,
+                                recv_counts=recv_counts + [0]),
+        "sum": dict(send=send[1:], send_counts=send_counts, recv_counts=recv_counts),
+        "bytes_dtype": dict(send=send, send_counts=send_counts, recv_counts=recv_counts,
+                            unit="bytes"),
+        "bytes_2d": dict(send=bsend.view(-1, 1), send_counts=BYTES[rank],
+                         recv_counts=brecv_counts, unit="bytes"),
+        "unit": dict(send=send, send_counts=send_counts, recv_counts=recv_counts, unit="kb"),
+    }.items():
+        try:
+            t.exchange(key="bad", direction="forward", **kwargs)
+            errors[name] = None
+        except ValueError as e:
+            errors[name] = str(e)
+    out["errors"] = errors
+    out["bad_recorded"] = ("bad", "forward") in t.stats.counters
+    # The group still works after the refused calls.
+    out["after_errors"] = torch.equal(
+        t.exchange(send, send_counts, recv_counts, key="rows", direction="forward"), got)
+    return out
+
+
+def _inter_host(rank, world_size):
+    r"""World of 4 as 2 hosts x 2 ranks: every pair exchanges ``rank + peer + 1`` rows."""
+    send_counts = [rank + d + 1 for d in range(world_size)]
+    send = torch.cat([_rows(rank, d, send_counts[d]) for d in range(world_size)])
+    out = {}
+    for per in (2, 1, None):
+        t = Transport(ranks_per_host=per)
+        got = t.exchange(send, send_counts, send_counts, key="x", direction="forward")
+        out[str(per)] = dict(counter=_counter(t.stats, "x"), snapshot=t.stats.snapshot(),
+                             ok=torch.equal(got, torch.cat(
+                                 [_rows(s, rank, rank + s + 1) for s in range(world_size)])))
+    return out
+
+
+def _job(rank, world_size):
+    import torch.distributed as dist
+    group = dist.new_group(ranks=[0, 1, 2], timeout=timedelta(seconds=60))
+    result = dict(inter=_inter_host(rank, world_size))
+    result["p3"] = _p3(rank, group) if rank < 3 else None
+    dist.barrier()
+    return result
+
+
+@pytest.fixture(scope="module")
+def job():
+    return run_distributed(_job, 4, timeout_s=90)
+
+
+def _expected_rows(rank):
+    return torch.cat([_rows(s, rank, ROWS[s][rank]) for s in range(3)]).tolist()
+
+
+@pytest.mark.multiprocess
+def test_unequal_row_splits_arrive_in_source_order(job):
+    for rank in range(3):
+        r = job[rank]["p3"]
+        assert r["rows"] == _expected_rows(rank)  # exactly what peers sent, by source rank
+        assert r["rows_dtype"] == "torch.float32"
+        n_sent, n_recv = sum(ROWS[rank]), sum(ROWS[s][rank] for s in range(3))
+        c = r["rows_counter"]
+        assert (c["calls"], c["rows_sent"], c["rows_received"]) == (1, n_sent, n_recv)
+        row_bytes = WIDTH * 4
+        assert (c["bytes_sent"], c["bytes_received"]) == (n_sent * row_bytes, n_recv * row_bytes)
+        assert c["inter_sent"] == c["inter_received"] == 0  # one host by default
+        assert c["seconds"] >= 0
+        # Trailing dimensions are part of the row.
+        w = r["wide"]
+        assert w["shape"] == [n_recv, 2, WIDTH] and w["equal"]
+        assert w["counter"]["bytes_sent"] == n_sent * 2 * row_bytes
+        assert w["counter"]["rows_sent"] == n_sent
+
+
+@pytest.mark.multiprocess
+def test_async_exchange_equals_sync(job):
+    for rank in range(3):
+        r = job[rank]["p3"]
+        assert r["async_type"] == "PendingExchange"
+        assert r["async_equal"] and r["async_same_object"] and r["async_completed"]
+        assert r["many_equal"] == [True, True, True]
+        sync, asyn = r["rows_counter"], r["async_counter"]
+        assert asyn["calls"] == 1  # waited twice, counted once
+        for k in ("bytes_sent", "bytes_received", "rows_sent", "rows_received"):
+            assert asyn[k] == sync[k]
+
+
+@pytest.mark.multiprocess
+def test_byte_unit_with_variable_sizes(job):
+    for rank in range(3):
+        r = job[rank]["p3"]
+        expect = torch.cat([_bytes(s, rank, BYTES[s][rank]) for s in range(3)]).tolist()
+        assert r["bytes"] == expect and r["bytes_dtype"] == "torch.uint8"
+        c = r["bytes_counter"]
+        assert c["bytes_sent"] == sum(BYTES[rank])
+        assert c["bytes_received"] == sum(BYTES[s][rank] for s in range(3))
+        assert (c["rows_sent"], c["rows_received"]) == (2, 5)  # as given by `rows`
+        assert r["bytes_async_equal"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_half_precision_is_bit_exact_over_gloo(job, name):
+    dtype = getattr(torch, name)
+    for rank in range(3):
+        h = job[rank]["p3"][name]
+        assert h["dtype"] == f"torch.{name}"
+        expect = torch.cat([_half_rows(s, rank, ROWS[s][rank], dtype) for s in range(3)])
+        assert h["bits"] == expect.tolist()
+        n_sent = sum(ROWS[rank])
+        assert h["counter"]["bytes_sent"] == n_sent * 5 * 2  # rows x row bytes
+        assert h["counter"]["rows_sent"] == n_sent
+        assert h["async_equal"]
+        n_recv = sum(ROWS[s][rank] for s in range(3))
+        assert h["one_d"] == dict(shape=[n_recv], dtype=f"torch.{name}", equal=True,
+                                  bytes_sent=2 * n_sent)
+
+
+@pytest.mark.multiprocess
+def test_invalid_inputs_give_clear_errors_on_every_rank(job):
+    for rank in range(3):
+        r = job[rank]["p3"]
+        e = r["errors"]
+        assert "2 send and 3 receive counts for a group of 3" in e["num_counts"]
+        assert "3 send and 4 receive counts for a group of 3" in e["num_recv_counts"]
+        n = sum(ROWS[rank])
+        assert f"send counts add up to {n} but {n - 1} rows are given" in e["sum"]
+        assert "unit='bytes' needs a flat uint8 tensor" in e["bytes_dtype"]
+        assert "unit='bytes' needs a flat uint8 tensor" in e["bytes_2d"]
+        assert "unit must be 'rows' or 'bytes', got 'kb'" in e["unit"]
+        assert all("exchange 'bad'" in e[k] for k in ("num_counts", "sum"))
+        assert not r["bad_recorded"]  # refused calls count nothing
+        assert r["after_errors"]
+
+
+@pytest.mark.multiprocess
+def test_inter_host_counters(job):
+    # Ranks 0, 1 on host 0 and 2, 3 on host 1 (host-major, as Lightning numbers nodes).
+    row_bytes = WIDTH * 4
+    totals = {"sent": 0, "received": 0}
+    for rank in range(4):
+        r = job[rank]["inter"]
+        for per in ("2", "1", "None"):
+            assert r[per]["ok"]
+        c = r["2"]["counter"]
+        far = [d for d in range(4) if d // 2 != rank // 2]
+        assert c["inter_sent"] == row_bytes * sum(rank + d + 1 for d in far)
+        assert c["inter_received"] == row_bytes * sum(d + rank + 1 for d in far)
+        assert 0 < c["inter_sent"] < c["bytes_sent"]
+        assert c["bytes_sent"] == row_bytes * sum(rank + d + 1 for d in range(4))
+        snap = r["2"]["snapshot"]
+        assert snap["comm/inter_host_bytes_sent"] == c["inter_sent"]
+        assert snap["comm/inter_host_bytes_received"] == c["inter_received"]
+        totals["sent"] += c["inter_sent"]
+        totals["received"] += c["inter_received"]
+        # One rank per host: everything but the self-send crosses hosts.
+        one = r["1"]["counter"]
+        assert one["inter_sent"] == one["bytes_sent"] - row_bytes * (2 * rank + 1)
+        # Default: one host.
+        assert r["None"]["counter"]["inter_sent"] == r["None"]["counter"]["inter_received"] == 0
+    assert totals["sent"] == totals["received"]
+
+
+# -- one process, no process group ---------------------------------------------------------
+
+def test_single_process_without_a_process_group():
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    stats = CommStats()
+    t = Transport(stats=stats)
+    assert (t.world_size, t.rank, t.backend, t.group) == (1, 0, "none", None)
+    assert t.stats is stats
+    x = torch.randn(4, 3)
+    got = t.exchange(x, [4], [4], key="k", direction="forward")
+    assert torch.equal(got, x) and got.data_ptr() != x.data_ptr()  # a copy, not the input
+    pending = t.exchange(x, [4], [4], key="k", direction="backward", async_op=True)
+    assert isinstance(pending, PendingExchange) and pending.is_completed()
+    assert torch.equal(pending.wait(), x)
+    for dtype in (torch.bfloat16, torch.float16):
+        h = x.to(dtype)
+        back = t.exchange(h, [4], [4], key="h", direction="forward")
+        assert back.dtype == dtype and torch.equal(back.view(torch.int16), h.view(torch.int16))
+    b = torch.arange(10, dtype=torch.uint8)
+    assert torch.equal(t.exchange(b, [10], [10], key="b", direction="forward", unit="bytes",
+                                  rows=(3, 3)), b)
+    empty = t.exchange(torch.empty(0, 3), [0], [0], key="e", direction="forward")
+    assert empty.shape == (0, 3)
+    c = stats.counters[("k", "forward")]
+    assert (c.calls, c.rows_sent, c.rows_received, c.bytes_sent, c.bytes_received) == \
+        (1, 4, 4, 48, 48)
+    assert c.inter_host_bytes_sent == 0
+    assert stats.counters[("k", "backward")].calls == 1
+    assert stats.counters[("h", "forward")].bytes_sent == 2 * 4 * 3 * 2
+    bc = stats.counters[("b", "forward")]
+    assert (bc.bytes_sent, bc.rows_sent) == (10, 3)
+    assert stats.total().calls == 6
+
+
+def test_single_process_invalid_inputs():
+    t = Transport()
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"exchange 'k': 2 send and 1 receive counts for a "
+                                         r"group of 1"):
+        t.exchange(x, [2, 2], [4], key="k", direction="forward")
+    with pytest.raises(ValueError, match="send counts add up to 5 but 4 rows are given"):
+        t.exchange(x, [5], [5], key="k", direction="forward")
+    with pytest.raises(ValueError, match="needs a flat uint8 tensor"):
+        t.exchange(x.flatten(), [12], [12], key="k", direction="forward", unit="bytes")
+    with pytest.raises(ValueError, match="unit must be 'rows' or 'bytes'"):
+        t.exchange(x, [4], [4], key="k", direction="forward", unit="row")
+    with pytest.raises(ValueError, match="ranks_per_host must be positive"):
+        Transport(ranks_per_host=-1)
+    assert not t.stats.counters
+
+
+def test_pending_exchange_finishes_once():
+    calls = []
+    p = PendingExchange(torch.ones(2), None, lambda t: t * 2, lambda: calls.append(1))
+    assert p.is_completed()  # no work in flight
+    first = p.wait()
+    assert torch.equal(first, torch.full((2, ), 2.0)) and p.wait() is first
+    assert calls == [1]
