@@ -43,7 +43,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
                     kernels: Optional[str] = "auto", codec: Optional[Codec] = None,
                     trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                     loss_mask: str = "train_mask",
-                    timeout: Optional[float] = None) -> FullGraphEngine:
+                    timeout: Optional[float] = None,
+                    aggregation: str = "hybrid") -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
     :obj:`model` to it.
 
@@ -59,6 +60,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         loss_mask (str): Mask whose mean the loss is.
         timeout (float, optional): Collective timeout (seconds) of the engine's own
             process group; Fabric's group (start-up, its collectives) keeps its timeout.
+        aggregation (str): ``"hybrid"`` (default), ``"post"`` or ``"pre"`` (see
+            :class:`~lightning_fullgraph.engine.FullGraphEngine`).
 
     Returns:
         The :class:`~lightning_fullgraph.engine.FullGraphEngine`; its ``data`` is the
@@ -73,7 +76,10 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
             if not isinstance(data, Data):
                 from .data import load_dataset
                 data = load_dataset(str(data))
-            path = str(partition_graph(data, fabric.world_size, root=cache_dir, seed=seed))
+            nodes = int(getattr(fabric, "num_nodes", 1) or 1)
+            hosts = nodes if nodes > 1 and fabric.world_size % nodes == 0 else None
+            path = str(partition_graph(data, fabric.world_size, root=cache_dir, seed=seed,
+                                       hosts=hosts))
     path = fabric.broadcast(path, src=0)
     partition = load_partition(path, fabric.global_rank, num_parts=fabric.world_size)
     group = None
@@ -82,7 +88,7 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         from datetime import timedelta
         group = dist.new_group(timeout=timedelta(seconds=float(timeout)))
     engine = FullGraphEngine(partition, group=group, codec=codec, loss_mask=loss_mask,
-                             timeout=timeout)
+                             timeout=timeout, aggregation=aggregation)
     model.to(fabric.device)
     engine.to(fabric.device)
     engine.attach(model, trusted_layers=trusted_layers)

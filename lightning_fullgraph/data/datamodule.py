@@ -63,6 +63,12 @@ class FullGraphDataModule(pl.LightningDataModule):
         transform (Callable, optional): Applied to the global graph before it is
             validated and partitioned (e.g. ``torch_geometric.transforms.NormalizeFeatures()``),
             as PyG datasets apply ``transform``; its result decides the partition cache key.
+        hosts (int or str, optional): Host-aware partitioning: split the graph into
+            :obj:`hosts` parts first, then each into ``world // hosts`` ranks
+            (ranks numbered host-major, as Lightning numbers them across nodes), so
+            fewer rows cross machines; must divide the number of parts.
+            ``"auto"`` (default) takes the trainer's ``num_nodes`` when it divides the
+            number of parts; :obj:`None` or ``1``: flat METIS.
 
     Only local rank 0 of each node loads the global graph when :obj:`data` is a
     name or path, and it drops it once the partitions are written: during
@@ -72,8 +78,13 @@ class FullGraphDataModule(pl.LightningDataModule):
     def __init__(self, data: Union[Data, str, os.PathLike], num_parts: Optional[int] = None,
                  cache_dir: Optional[str] = None, seed: int = 0, validate: bool = True,
                  num_classes: Optional[int] = None,
-                 transform: Optional[Callable[[Data], Data]] = None) -> None:
+                 transform: Optional[Callable[[Data], Data]] = None,
+                 hosts: Union[int, str, None] = "auto") -> None:
         super().__init__()
+        if hosts is not None and hosts != "auto" and (
+                not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1):
+            raise ValueError(f"hosts must be 'auto', None or a positive int, got {hosts!r}")
+        self.hosts = hosts
         self._data = data if isinstance(data, Data) else None
         self._source = None if isinstance(data, Data) else str(data)
         self.num_parts = num_parts
@@ -117,8 +128,16 @@ class FullGraphDataModule(pl.LightningDataModule):
         if self.validate:
             from .validation import validate_graph
             validate_graph(data, num_classes=self.num_classes_arg)
-        self.partition_dir = partition_graph(data, self.num_parts or world, root=self.cache_dir,
-                                             seed=self.seed)
+        parts = self.num_parts or world
+        self.partition_dir = partition_graph(data, parts, root=self.cache_dir,
+                                             seed=self.seed, hosts=self._hosts(parts))
+
+    def _hosts(self, parts: int) -> Optional[int]:
+        if self.hosts != "auto":
+            return self.hosts
+        trainer = getattr(self, "trainer", None)
+        nodes = int(getattr(trainer, "num_nodes", 1) or 1) if trainer is not None else 1
+        return nodes if nodes > 1 and parts % nodes == 0 else None
 
     def setup(self, stage: Optional[str] = None) -> None:
         r"""Loads this rank's partition."""

@@ -37,6 +37,7 @@ from torch_geometric.data.data import BaseData
 
 from .. import compat
 from ..engine import Codec, FullGraphEngine
+from ..engine.aggregation import MODES as AGGREGATION_MODES
 from .signals import DeferredSignals
 
 compat.require("lightning")
@@ -75,7 +76,13 @@ class FullGraphStrategy(DDPStrategy):
         sync_batchnorm (bool): Synchronize ``BatchNorm1d`` statistics across ranks.
         kernels (str, optional): Aggregation backend (``"auto"``, ``"cpp"``,
             ``"triton"``, ``"torch"``); ``None`` keeps PyG's own path.
-        codec (Codec, optional): Wire codec of the halo exchange (default exact).
+        codec (Codec or ExchangePolicy, optional): How halo rows cross the wire, for
+            every exchange point or per point and direction (default: exact).
+        aggregation (str): How cut edges of sum/mean layers with scalar edge messages
+            (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
+            (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
+            pure scheme), ``"post"`` (send source rows) or ``"pre"`` (send partial
+            aggregates).  Lossless in every mode; other layers always post-aggregate.
         timeout (timedelta or float): Collective timeout of training (halo exchanges,
             gradient and BatchNorm all-reduces, the per-step signal agreement): a rank
             whose peer is stuck raises a :class:`~lightning_fullgraph.engine.CollectiveError`
@@ -97,12 +104,15 @@ class FullGraphStrategy(DDPStrategy):
     def __init__(self, loss_mask: str = "train_mask", loss_reduction: str = "mean",
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                  sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
-                 codec: Optional[Codec] = None,
+                 codec: Optional[Codec] = None, aggregation: str = "hybrid",
                  timeout: Any = timedelta(minutes=5), startup_timeout: Any = timedelta(minutes=30),
                  num_threads: Optional[int] = None,
                  log_communication: bool = True, **kwargs: Any) -> None:
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        if aggregation not in AGGREGATION_MODES:
+            raise ValueError(f"aggregation must be one of {AGGREGATION_MODES}, "
+                             f"got {aggregation!r}")
         timeout, startup_timeout = _timedelta(timeout, "timeout"), \
             _timedelta(startup_timeout, "startup_timeout")
         super().__init__(timeout=startup_timeout, **kwargs)
@@ -113,6 +123,7 @@ class FullGraphStrategy(DDPStrategy):
         self.sync_batchnorm = sync_batchnorm
         self.kernels = kernels
         self.codec = codec
+        self.aggregation = aggregation
         self.num_threads = num_threads
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
@@ -167,7 +178,9 @@ class FullGraphStrategy(DDPStrategy):
                              "accumulate_grad_batches must be 1")
         group = self._engine_group()
         self.engine = FullGraphEngine(partition, group=group, codec=self.codec,
-                                      loss_mask=self.loss_mask, timeout=self.collective_timeout)
+                                      loss_mask=self.loss_mask, timeout=self.collective_timeout,
+                                      aggregation=self.aggregation,
+                                      ranks_per_host=self.num_processes)
         self._signals = DeferredSignals(group, self.collective_timeout)
         super().setup(trainer)
 
@@ -187,6 +200,7 @@ class FullGraphStrategy(DDPStrategy):
         if self.engine.attached:
             return
         module = self.lightning_module
+        self.engine.to(self.root_device)  # send/receive indices where the rows are
         self.engine.attach(module, trusted_layers=self.trusted_layers,
                            sync_batchnorm=self.sync_batchnorm, broadcast=True)
         self.engine.use_kernels(self.kernels)

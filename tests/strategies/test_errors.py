@@ -33,6 +33,11 @@ def test_bad_loss_reduction():
         FullGraphStrategy(loss_reduction="max")
 
 
+def test_bad_aggregation_names_the_choices():
+    with pytest.raises(ValueError, match=r"aggregation must be one of \('post', 'pre', 'hybrid'\)"):
+        FullGraphStrategy(aggregation="mixed")
+
+
 def test_registered_under_a_name():
     from lightning.pytorch.strategies import StrategyRegistry
     assert "fullgraph" in StrategyRegistry and "fullgraph_spawn" in StrategyRegistry
