@@ -17,6 +17,7 @@ _EPILOG = """examples:
   lightning-fullgraph train --dataset synthetic:nodes=200000,degree=10 --model sage --json
   lightning-fullgraph partition --dataset cora --parts 4 --out parts/cora-4
   lightning-fullgraph train --dataset parts/cora-4 --devices 4
+  lightning-fullgraph plan --dataset cora --parts 2,4,8      # predicted bytes/time/memory
 
 datasets: 'cora' (embedded), 'synthetic:nodes=N,degree=D,features=F,classes=C,seed=S',
 or a partition directory written by 'partition'."""
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "directory, which is replaced; anything else is refused)")
     p.add_argument("--cache-dir", default=None, help="partition cache root")
     p.add_argument("--seed", type=int, default=0, help="METIS seed")
+    p.add_argument("--hosts", type=int, default=None,
+                   help="machines the parts will run on: partition hosts first, then ranks "
+                        "within each host, so fewer rows cross machines (must divide --parts)")
     p.add_argument("--force", action="store_true", help="re-partition even if cached")
     p.add_argument("--json", action="store_true", help="print statistics as JSON")
     p.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
@@ -68,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="row-normalize features (auto: yes for Planetoid data, as Kipf & Welling)")
     t.add_argument("--kernels", default="auto", choices=["auto", "cpp", "triton", "torch", "pyg"],
                    help="aggregation backend ('pyg': PyG's own scatter path)")
+    t.add_argument("--aggregation", default="hybrid", choices=["hybrid", "post", "pre"],
+                   help="how cut edges of GCN/SAGE/GIN-like layers cross the wire: 'post' "
+                        "sends source rows, 'pre' partial aggregates, 'hybrid' the smaller "
+                        "mix per rank pair (default; all three are exact)")
     t.add_argument("--timeout", type=float, default=300.0,
                    help="collective timeout in seconds: a rank waiting longer for a stuck "
                         "peer stops with an error naming the exchange (default: 300)")
@@ -81,14 +89,122 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--accelerator", default="cpu")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
+    _add_plan_parser(sub)
     return parser
+
+
+def _parts_list(text: str) -> List[int]:
+    r"""``"2,4,8"`` -> ``[2, 4, 8]`` (argparse type of ``plan --parts``)."""
+    items = [t.strip() for t in str(text).split(",")]
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"must be a comma-separated list of part counts >= 1, e.g. 2,4,8 (got {text!r})")
+    return sorted(set(values))
+
+
+def _add_plan_parser(sub) -> None:
+    q = sub.add_parser(
+        "plan", help="predict halo-exchange bytes, time and memory per aggregation mode",
+        description="Predict, before training, the bytes and time of the halo exchange per "
+                    "epoch and the memory per rank, for several part counts and each "
+                    "aggregation mode (post, pre, hybrid), from the partitions' exchange "
+                    "plans, the model's exchange widths and a measured latency/bandwidth "
+                    "(SuperGCN's communication model).",
+        epilog="example: lightning-fullgraph plan --dataset cora --parts 2,4,8 "
+               "--plot plan-cora.png")
+    q.add_argument("--dataset", default="cora", help="dataset name or spec (default: cora)")
+    q.add_argument("--parts", type=_parts_list, default=[2, 4, 8],
+                   help="comma-separated part counts (default: 2,4,8)")
+    q.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gin"])
+    q.add_argument("--hidden", type=int, default=16, help="hidden channels (default: 16)")
+    q.add_argument("--layers", type=int, default=2, help="message-passing layers (default: 2)")
+    q.add_argument("--dropout", type=float, default=0.5,
+                   help="dropout, also on the input features as 'train' applies it")
+    q.add_argument("--aggregation", default="all", choices=["all", "post", "pre", "hybrid"],
+                   help="aggregation mode(s) to predict (default: all)")
+    q.add_argument("--hosts", type=int, default=1,
+                   help="machines the ranks run on (host-aware partitions; must divide every "
+                        "--parts value); inter-host bytes are reported")
+    q.add_argument("--link", default=None, metavar="FILE.json",
+                   help="latency/bandwidth from a file written by --save-link instead of "
+                        "measuring them; 'none': predict no times")
+    q.add_argument("--calibration-processes", type=int, default=2,
+                   help="local gloo processes the latency/bandwidth are measured on "
+                        "(default: 2)")
+    q.add_argument("--save-link", default=None, metavar="FILE.json",
+                   help="write the measured latency/bandwidth to a file")
+    q.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw bytes, time and memory against the part count (needs "
+                        "matplotlib: pip install 'lightning-fullgraph[plot]')")
+    q.add_argument("--json", action="store_true", help="print only JSON on stdout")
+    q.add_argument("--cache-dir", default=None, help="partition cache root")
+    q.add_argument("--seed", type=int, default=0, help="METIS seed")
+    q.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
+                   help="row-normalize features (auto: yes for Planetoid data; as 'partition' "
+                        "and 'train', so their cached partitions are reused)")
+
+
+def _plan(args) -> int:
+    from .planner.link import LinkModel
+    from .planner.sweep import format_sweep, plan_sweep
+
+    def say(line: str) -> None:
+        print(f"[plan] {line}", file=sys.stderr, flush=True)
+
+    for name in ("hidden", "layers", "hosts", "calibration_processes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, "
+                             f"got {getattr(args, name)}")
+    bad = [p for p in args.parts if p % args.hosts]
+    if bad:
+        raise ValueError(f"--hosts {args.hosts} must divide every --parts value; "
+                         f"{', '.join(map(str, bad))} {'is' if len(bad) == 1 else 'are'} not "
+                         "a multiple of it")
+    if args.plot:
+        from .planner.plot import require_matplotlib
+        require_matplotlib()  # fail before the work, naming the extra to install
+    modes = ("post", "pre", "hybrid") if args.aggregation == "all" else (args.aggregation, )
+    data = _load(args)
+    if max(args.parts) > data.num_nodes:
+        raise ValueError(f"--parts {max(args.parts)} exceeds the {data.num_nodes} nodes of "
+                         f"{args.dataset}")
+    if args.link and args.link.lower() == "none":
+        link = None
+    elif args.link:
+        link = LinkModel.load(args.link)
+        say(f"link from {args.link}: {link.describe()}")
+    else:
+        from .planner.calibrate import calibrate_local
+        say(f"calibrating all_to_all latency/bandwidth on {args.calibration_processes} local "
+            "gloo processes ...")
+        link = calibrate_local(args.calibration_processes)
+        say(f"link: {link.describe()}")
+    if link is not None and args.save_link:
+        link.save(args.save_link)
+    result = plan_sweep(data, args.parts, dataset=args.dataset, model=args.model,
+                        hidden=args.hidden, layers=args.layers, dropout=args.dropout,
+                        modes=modes, hosts=args.hosts, link=link, cache_dir=args.cache_dir,
+                        seed=args.seed, progress=say)
+    if args.plot:
+        from .planner.plot import plot_sweep
+        result["plot"] = str(plot_sweep(result, args.plot))
+        say(f"plot written to {result['plot']}")
+    if args.json:
+        print(json.dumps(result, indent=2), flush=True)
+    else:
+        print(format_sweep(result), flush=True)
+    return 0
 
 
 def _partition(args) -> int:
     from .partition import export_partition, partition_graph, read_manifest
     data = _load(args)
     path = partition_graph(data, args.parts, root=args.cache_dir, seed=args.seed,
-                           force=args.force)  # progress goes to stderr
+                           force=args.force, hosts=args.hosts)  # progress goes to stderr
     if args.out:
         path = export_partition(path, args.out)  # never deletes what it did not write
     manifest = read_manifest(path)
@@ -124,6 +240,7 @@ def _train(args) -> int:
                                          transform=_feature_transform(args))
         kernels = None if args.kernels == "pyg" else args.kernels
         strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
+                                     aggregation=args.aggregation,
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
         num_features = num_classes = None  # sized from the partitions in configure_model
@@ -154,6 +271,7 @@ def _train(args) -> int:
     summary = {
         "dataset": args.dataset, "nodes": nodes, "model": args.model, "strategy": args.strategy,
         "processes": trainer.world_size, "epochs": args.epochs, "seed": args.seed,
+        "aggregation": args.aggregation if args.strategy == "fullgraph" else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),
@@ -253,7 +371,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"partition": _partition, "train": _train}[args.command](args)
+        return {"partition": _partition, "train": _train, "plan": _plan}[args.command](args)
     except (ValueError, RuntimeError, OSError, TypeError, ImportError, IndexError) as e:
         if os.environ.get("LIGHTNING_FULLGRAPH_DEBUG"):
             raise

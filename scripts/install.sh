@@ -13,8 +13,10 @@
 #   TORCH_VERSION                torch installed when the environment has none (default 2.13.0)
 #   TORCH_INDEX_URL              pip --index-url for that torch, e.g.
 #                                https://download.pytorch.org/whl/cpu for the CPU-only build
-#   EXTRAS                       comma-separated extras (test, triton, fabric, scatter); extras
-#                                installed by an earlier run are kept
+#   EXTRAS                       comma-separated extras (test, triton, fabric, scatter, plot);
+#                                extras installed by an earlier run are kept. Unset: plot
+#                                (matplotlib, for `lightning-fullgraph plan --plot`); set it
+#                                (also empty) to choose exactly
 #   LIGHTNING_FULLGRAPH_SETUP_VERBOSE=1   show pip's output
 #
 # A torch already importable in the environment is kept (a GPU user's CUDA build): torch is
@@ -31,7 +33,7 @@ VENV=${LIGHTNING_FULLGRAPH_VENV:-.venv}
 case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 BASE_PY=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-EXTRAS=${EXTRAS:-}
+EXTRAS=${EXTRAS-plot}
 PIP_QUIET=(--quiet)
 [ "${LIGHTNING_FULLGRAPH_SETUP_VERBOSE:-0}" = 1 ] && PIP_QUIET=()
 

@@ -20,7 +20,8 @@ def test_help_explains_every_command(capsys):
         assert word in text
     parser = build_parser()
     train_help = parser._subparsers._group_actions[0].choices["train"].format_help()
-    for option in ("--devices", "--epochs", "--model", "--kernels", "--json", "--strategy"):
+    for option in ("--devices", "--epochs", "--model", "--kernels", "--json", "--strategy",
+                   "--aggregation"):
         assert option in train_help
 
 
@@ -53,13 +54,14 @@ def test_train_json_on_two_processes(tmp_path):
     assert main(["partition", "--dataset", "synthetic:nodes=500,degree=4", "--parts", "2",
                  "--cache-dir", str(tmp_path / "cache"), "--out", str(other)]) == 0
     proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "20", "--json",
-                LIGHTNING_FULLGRAPH_PARTITION_DIR=str(other))
+                "--aggregation", "pre", LIGHTNING_FULLGRAPH_PARTITION_DIR=str(other))
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)  # stdout is the JSON document and nothing else
     assert summary["nodes"] == 2708  # Cora, not the stale partition
     assert summary["processes"] == 2
     assert summary["test_acc"] > 0.6
     assert summary["comm_MB_per_epoch_per_rank"] > 0
+    assert summary["aggregation"] == "pre"
 
 
 @pytest.mark.multiprocess

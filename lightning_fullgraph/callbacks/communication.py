@@ -19,21 +19,43 @@ class CommunicationMonitor(Callback):
     r"""Logs halo-exchange bytes and time of every training epoch.
 
     Logged per epoch (means over ranks, plus ``_max`` over ranks for the bytes):
-    ``comm/sent_MB``, ``comm/received_MB``, ``comm/exchange_s`` (seconds inside
+    ``comm/sent_MB``, ``comm/received_MB``, ``comm/inter_host_sent_MB`` (the part of
+    the sent bytes that went to other machines), ``comm/exchange_s`` (seconds inside
     the exchange), ``comm/compute_s`` (rest of the training step), ``comm/step_s``
     (the whole training step: forward, backward, optimizer), and per layer
     ``comm/layer/<name>_MB``.  ``comm/sent_MB`` also appears in the progress bar.
     The last epoch's figures stay in :attr:`last` and, per rank, in
     :attr:`history` (one dictionary per epoch).
 
+    Next to them, the planner's predictions (:mod:`lightning_fullgraph.planner`) for the same
+    epoch: ``comm/predicted_sent_MB`` (mean over ranks, and ``_max``) and
+    ``comm/predicted_received_MB`` from the engine's aggregation plans and the model's
+    exchange calls, and, with a :obj:`link`, ``comm/predicted_exchange_s`` (SuperGCN's model:
+    per exchange, latency per peer plus the busiest rank's bytes over the bandwidth).  The
+    exchange calls come from :obj:`profile` (:func:`~lightning_fullgraph.planner.profile_model`
+    of the model before fit) or, without one, are recorded from the run's own steps (no
+    collective is added either way; only ``link="calibrate"`` measures the link at fit start,
+    the same collectives on every rank).
+
     Args:
         per_layer (bool): Also log per-layer byte counts.
         prog_bar (bool): Show the sent megabytes in the progress bar.
+        predict (bool): Log the predicted figures.
+        profile (ExchangeProfile, optional): The model's exchange calls, profiled before fit.
+        link (LinkModel or str, optional): Latency and bandwidth for the predicted seconds,
+            or ``"calibrate"`` to measure them on the engine's group at fit start.
     """
 
-    def __init__(self, per_layer: bool = True, prog_bar: bool = True) -> None:
+    def __init__(self, per_layer: bool = True, prog_bar: bool = True, predict: bool = True,
+                 profile: Optional[Any] = None, link: Optional[Any] = None) -> None:
+        if isinstance(link, str) and link != "calibrate":
+            raise ValueError(f"link must be a LinkModel, 'calibrate' or None, got {link!r}")
         self.per_layer = per_layer
         self.prog_bar = prog_bar
+        self.predict = predict
+        self.profile = profile
+        self.link = link
+        self.predictor: Optional[Any] = None  # the planner's PredictionTracker during fit
         self.last: Dict[str, float] = {}
         self.history = []
         self._step_start: Optional[float] = None
@@ -44,6 +66,12 @@ class CommunicationMonitor(Callback):
         return getattr(trainer.strategy, "engine", None)
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        engine = self._engine(trainer)
+        if self.predict and engine is not None:
+            from ..planner.tracker import PredictionTracker
+            if self.predictor is not None:
+                self.predictor.close()
+            self.predictor = PredictionTracker.start(engine, self.profile, self.link)
         # Partition statistics (edge cut, halo, imbalance) go to the logger once.
         directory = getattr(trainer.datamodule, "partition_dir", None)
         if directory is None or not trainer.loggers:
@@ -60,14 +88,38 @@ class CommunicationMonitor(Callback):
         if engine is not None:
             engine.stats.reset()
         self._step_seconds = 0.0
+        if self.predictor is not None:
+            self.predictor.epoch_start()
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         self._step_start = time.perf_counter()
+        if self.predictor is not None:
+            self.predictor.step_start("train")
 
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self._step_start is not None:
             self._step_seconds += time.perf_counter() - self._step_start
+        if self.predictor is not None:
+            self.predictor.step_end("train")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        if self.predictor is not None and trainer.state.fn == "fit":
+            self.predictor.step_start("eval")
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self.predictor is not None and trainer.state.fn == "fit":
+            self.predictor.step_end("eval")
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.predictor is not None:
+            self.predictor.close()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.predictor is not None:
+            self.predictor.close()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         engine = self._engine(trainer)
@@ -78,6 +130,7 @@ class CommunicationMonitor(Callback):
         local = {
             "comm/sent_MB": total.bytes_sent / 1e6,
             "comm/received_MB": total.bytes_received / 1e6,
+            "comm/inter_host_sent_MB": total.inter_host_bytes_sent / 1e6,
             "comm/exchange_s": total.seconds,
             "comm/compute_s": max(0.0, self._step_seconds - total.seconds),
             "comm/step_s": self._step_seconds,
@@ -85,18 +138,29 @@ class CommunicationMonitor(Callback):
         if self.per_layer:
             for key, counter in sorted(stats.per_key().items()):
                 local[f"comm/layer/{key}_MB"] = (counter.bytes_sent + counter.bytes_received) / 1e6
+        # Predicted figures of this rank; the seconds per exchange are maxed over ranks
+        # in the same all-reduce as the measured peaks (no extra collective).
+        predicted, call_seconds = self.predictor.epoch_end() if self.predictor is not None \
+            else ({}, None)
+        local.update(predicted)
         names = sorted(local)
         values = torch.tensor([local[n] for n in names], dtype=torch.float64)
+        extra = call_seconds if call_seconds is not None else torch.zeros(0, dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            mean, peak = values.clone(), values.clone()
+            mean, peak = values.clone(), torch.cat([values, extra])
             dist.all_reduce(mean)
             mean /= dist.get_world_size()
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         else:
-            mean, peak = values, values
+            mean, peak = values, torch.cat([values, extra])
         metrics = dict(zip(names, mean.tolist()))
         metrics["comm/sent_MB_max"] = peak[names.index("comm/sent_MB")].item()
         metrics["comm/exchange_s_max"] = peak[names.index("comm/exchange_s")].item()
+        if "comm/predicted_sent_MB" in names:
+            metrics["comm/predicted_sent_MB_max"] = \
+                peak[names.index("comm/predicted_sent_MB")].item()
+        if call_seconds is not None:
+            metrics["comm/predicted_exchange_s"] = peak[len(names):].sum().item()
         self.last = metrics
         self.history.append(dict(local))
         for name, value in metrics.items():

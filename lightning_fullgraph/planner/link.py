@@ -1,0 +1,163 @@
+r"""The measured cost of moving bytes: latency, bandwidth and codec throughput.
+
+A :class:`LinkModel` holds the three numbers SuperGCN's communication model (ICS'25, Eqs. 2-4)
+needs, measured by :mod:`.calibrate` on the process group that trains:
+
+* :attr:`~LinkModel.alpha`, the latency of one ``all_to_all_single`` per peer (SuperGCN's
+  :math:`L`);
+* :attr:`~LinkModel.beta`, the bandwidth in bytes per second one rank moves through it
+  (SuperGCN's :math:`BW`);
+* :attr:`~LinkModel.codec_throughput`, the bytes per second a codec encodes and decodes
+  (SuperGCN's :math:`TH_{cal}`).
+
+The time of one exchange in which the busiest rank sends or receives :math:`B` bytes over a
+group of :math:`P` ranks is :math:`\alpha (P - 1) + B / \beta` (gloo's all-to-all talks to
+every peer, even with nothing to send).
+"""
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Tuple, Union
+
+__all__ = ["LinkModel"]
+
+
+@dataclass
+class LinkModel:
+    r"""Latency, bandwidth and codec throughput of one process group (JSON-able).
+
+    Args:
+        alpha (float): Seconds of latency per peer and exchange.
+        beta (float): Bytes per second one rank sends (and receives) in an exchange.
+        codec_throughput (float): Bytes per second of ``encode`` + ``decode`` of the codec
+            that was measured (the identity codec unless stated otherwise).
+        world_size (int): Ranks of the group it was measured on.
+        backend (str): ``"gloo"``, ``"nccl"`` or ``"none"`` (one process: a memory copy).
+        device (str): Device of the measured tensors.
+        samples (List[Tuple[int, float]]): The measurements: bytes one rank sent per exchange,
+            median seconds (the maximum over ranks).
+        codec (str): Class name of the measured codec.
+    """
+    alpha: float
+    beta: float
+    codec_throughput: float = math.inf
+    world_size: int = 1
+    backend: str = "none"
+    device: str = "cpu"
+    samples: List[Tuple[int, float]] = field(default_factory=list)
+    codec: str = "IdentityCodec"
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "codec_throughput"):
+            value = float(getattr(self, name))
+            if not value > 0 or math.isnan(value):
+                raise ValueError(f"LinkModel.{name} must be positive, got {value}")
+            setattr(self, name, value)
+        self.samples = [(int(b), float(s)) for b, s in self.samples]
+
+    def exchange_seconds(self, bytes_per_rank: float, world_size: int) -> float:
+        r"""Predicted seconds of one exchange.
+
+        Args:
+            bytes_per_rank (float): Bytes the busiest rank sends or receives (the larger).
+            world_size (int): Ranks taking part.
+
+        Returns:
+            float: :math:`\alpha (P - 1) + B / \beta`, ``0.0`` for one rank (no exchange).
+        """
+        if world_size <= 1:
+            return 0.0
+        return self.alpha * (world_size - 1) + float(bytes_per_rank) / self.beta
+
+    def codec_seconds(self, bytes_encoded: float, bytes_decoded: float) -> float:
+        r"""Predicted seconds a rank spends encoding and decoding.
+
+        Args:
+            bytes_encoded (float): Decoded-size bytes the rank encodes (sends).
+            bytes_decoded (float): Decoded-size bytes the rank decodes (receives).
+
+        Returns:
+            float: ``(bytes_encoded + bytes_decoded) / (2 * codec_throughput)``: the
+            throughput counts one encode and one decode of the same bytes.
+        """
+        if math.isinf(self.codec_throughput):
+            return 0.0
+        return (float(bytes_encoded) + float(bytes_decoded)) / (2.0 * self.codec_throughput)
+
+    def to_dict(self) -> Dict[str, Any]:
+        r"""JSON-able dictionary (infinite throughput as ``None``).
+
+        Returns:
+            Dict[str, Any]
+        """
+        out = asdict(self)
+        out["samples"] = [list(s) for s in self.samples]
+        if math.isinf(self.codec_throughput):
+            out["codec_throughput"] = None
+        return out
+
+    @classmethod
+    def from_dict(cls, state: Dict[str, Any]) -> "LinkModel":
+        r"""Inverse of :meth:`to_dict`.
+
+        Args:
+            state (Dict[str, Any]): A dictionary from :meth:`to_dict`.
+
+        Returns:
+            LinkModel
+        """
+        state = dict(state)
+        if state.get("codec_throughput") is None:
+            state["codec_throughput"] = math.inf
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(state) - known)
+        if unknown:
+            raise ValueError(f"unknown LinkModel fields {unknown}")
+        return cls(**state)
+
+    def save(self, path: Union[str, Path]) -> Path:
+        r"""Writes :meth:`to_dict` as JSON.
+
+        Args:
+            path (str or Path): The file.
+
+        Returns:
+            Path: The file written.
+        """
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "LinkModel":
+        r"""Reads a file written by :meth:`save`.
+
+        Args:
+            path (str or Path): The file.
+
+        Returns:
+            LinkModel
+
+        Raises:
+            ValueError: If the file is not a link model.
+        """
+        try:
+            state = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not a JSON link model: {e}") from None
+        if not isinstance(state, dict):
+            raise ValueError(f"{path} is not a JSON link model (expected an object)")
+        return cls.from_dict(state)
+
+    def describe(self) -> str:
+        r"""One line for humans, e.g. ``alpha 52.1 us/peer, beta 1.84 GB/s (gloo, 2 ranks)``.
+
+        Returns:
+            str
+        """
+        codec = "" if math.isinf(self.codec_throughput) else \
+            f", codec {self.codec_throughput / 1e9:.2f} GB/s"
+        return (f"alpha {self.alpha * 1e6:.1f} us/peer, beta {self.beta / 1e9:.3f} GB/s{codec} "
+                f"({self.backend}, {self.world_size} rank{'s' if self.world_size != 1 else ''}, "
+                f"{self.device})")

@@ -1,0 +1,150 @@
+r"""Predictions for a running engine, epoch by epoch (what the
+:class:`~lightning_fullgraph.callbacks.CommunicationMonitor` logs).
+
+A :class:`PredictionTracker` is created at fit start from the engine's plans (this rank's
+:class:`~.counts.RankCounts`) and either a profile made before fit
+(:func:`~.profile.profile_model`) or, without one, an :class:`~.profile.ExchangeRecorder` that
+records the exchange calls of the run's first steps until they repeat.  It counts the training
+steps and evaluation forwards of every epoch and, at its end, predicts this rank's bytes and,
+with a link model, its view of the seconds of every exchange.  It adds no collective: the
+per-exchange seconds are returned as a vector for the caller to reduce with ``MAX`` together
+with what it reduces anyway (every rank's vector has the same length and order, because every
+rank makes the same exchange calls).
+"""
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .counts import RankCounts
+from .link import LinkModel
+from .model import CommunicationModel
+from .profile import ExchangeCall, ExchangeProfile, ExchangeRecorder
+
+__all__ = ["PredictionTracker"]
+
+PHASES = ("train", "eval")
+
+
+def _order(call: ExchangeCall) -> tuple:
+    return (call.key, call.direction, call.mode, call.channel, call.reverse, call.row_bytes,
+            call.width, call.value_bytes, call.layer)
+
+
+class PredictionTracker:
+    r"""Per-epoch predictions for one rank of a running engine.
+
+    Args:
+        engine (FullGraphEngine): The engine (its plans give the rows).
+        profile (ExchangeProfile, optional): The model's exchange calls; without it they are
+            recorded from the run's first steps.
+        link (LinkModel, optional): Latency and bandwidth (no seconds without it).
+    """
+
+    def __init__(self, engine: Any, profile: Optional[ExchangeProfile] = None,
+                 link: Optional[LinkModel] = None) -> None:
+        aggregation = getattr(engine, "aggregation", "post")
+        if profile is not None and profile.aggregation != aggregation:
+            raise ValueError(f"the profile was recorded with aggregation="
+                             f"'{profile.aggregation}' but the engine runs '{aggregation}'")
+        self.engine = engine
+        self.aggregation = aggregation
+        self.counts = RankCounts.from_engine(engine)
+        self.given = profile
+        self.link = link
+        self.recorder: Optional[ExchangeRecorder] = None
+        self.learned: Dict[str, List[Tuple[ExchangeCall, ...]]] = {p: [] for p in PHASES}
+        self.steady = {p: False for p in PHASES}
+        self.index = {p: 0 for p in PHASES}      # steps of the run so far
+        self.offset = {p: 0 for p in PHASES}     # index at the epoch's start
+        self.in_epoch = {p: 0 for p in PHASES}   # steps in the current epoch
+        self._active: Optional[str] = None
+        if profile is None:
+            recorder = ExchangeRecorder(getattr(engine, "exchanges", None)
+                                        or {"post": engine.exchange})
+            if recorder.supported:
+                self.recorder = recorder.install()
+
+    @classmethod
+    def start(cls, engine: Any, profile: Optional[ExchangeProfile] = None,
+              link: Any = None) -> Optional["PredictionTracker"]:
+        r"""A tracker for :obj:`engine`, or :obj:`None` (with a warning) when its exchanges
+        cannot be followed.
+
+        Args:
+            engine (FullGraphEngine): The engine.
+            profile (ExchangeProfile, optional): The model's exchange calls.
+            link (LinkModel or str, optional): A link model, or ``"calibrate"`` to measure
+                one on the engine's group now (every rank must get here).
+
+        Returns:
+            PredictionTracker or None
+        """
+        if link == "calibrate":
+            from .calibrate import calibrate
+            link = calibrate(getattr(engine, "group", None))
+        tracker = cls(engine, profile, link)
+        if profile is None and tracker.recorder is None:
+            warnings.warn("CommunicationMonitor: this engine's exchanges cannot be recorded; "
+                          "no predicted figures (pass profile=profile_model(...))")
+            return None
+        return tracker
+
+    @property
+    def profile(self) -> ExchangeProfile:
+        r"""The profile in use: the given one, or what was recorded so far."""
+        if self.given is not None:
+            return self.given
+        return ExchangeProfile(self.aggregation, train=tuple(self.learned["train"]) or ((), ),
+                               eval=tuple(self.learned["eval"]) or ((), ))
+
+    # -- events ----------------------------------------------------------------------------
+    def epoch_start(self) -> None:
+        self.offset = dict(self.index)
+        self.in_epoch = {p: 0 for p in PHASES}
+
+    def step_start(self, phase: str) -> None:
+        self._active = phase
+        if self.recorder is not None and not self.steady[phase]:
+            self.recorder.begin()
+
+    def step_end(self, phase: str) -> None:
+        if self._active != phase:
+            return
+        self._active = None
+        if self.recorder is not None and self.recorder.recording:
+            steps = self.learned[phase]
+            steps.append(self.recorder.end())
+            if len(steps) >= 2 and steps[-1] == steps[-2]:
+                steps.pop()
+                self.steady[phase] = True
+        self.index[phase] += 1
+        self.in_epoch[phase] += 1
+
+    def epoch_end(self) -> Tuple[Dict[str, float], Optional[Tensor]]:
+        r"""This rank's predicted figures of the epoch that ends.
+
+        Returns:
+            Tuple[Dict[str, float], Optional[torch.Tensor]]: ``{"comm/predicted_sent_MB",
+            "comm/predicted_received_MB"}``, and with a link model this rank's seconds of
+            every exchange call of the epoch (float64, a fixed order), to be reduced with
+            ``MAX`` over ranks and summed.
+        """
+        calls = self.profile.calls(self.in_epoch["train"], self.in_epoch["eval"],
+                                   self.offset["train"], self.offset["eval"])
+        model = CommunicationModel(self.profile, self.link)
+        totals = model.rank_bytes(self.counts, calls)
+        out = {"comm/predicted_sent_MB": totals.get("bytes_sent", 0) / 1e6,
+               "comm/predicted_received_MB": totals.get("bytes_received", 0) / 1e6}
+        if self.link is None:
+            return out, None
+        seconds = [times * model.call_seconds(call, self.counts)[0]
+                   for call, times in sorted(calls.items(), key=lambda kv: _order(kv[0]))]
+        return out, torch.tensor(seconds, dtype=torch.float64)
+
+    def close(self) -> None:
+        r"""Stops recording (restores the exchanges' own methods)."""
+        if self.recorder is not None:
+            self.recorder.remove()
+            self.recorder = None

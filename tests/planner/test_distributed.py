@@ -1,0 +1,148 @@
+"""On gloo ranks: predicted bytes equal the engine's measured bytes, per exchange point and
+direction, for every step of a run; calibration is the same on every rank; the
+CommunicationMonitor logs predictions equal to its measurements (with exchange calls recorded
+from the run or profiled before it, and a link given or calibrated at fit start)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.partition import MODES
+from lightning_fullgraph.planner import (
+    LinkModel,
+    calibrate,
+    partition_counts,
+    predict,
+    profile_model,
+)
+from lightning_fullgraph.testing import run_distributed
+
+from .conftest import build, partitions
+
+KINDS = ("gcn", "sage")
+TRAIN_STEPS, EVAL_FORWARDS = 4, 2
+
+
+def _forward(model, data):  # the same input tensor every step: static caching kicks in
+    return model(data.x, data.edge_index)
+
+
+def _measured(engine):
+    return {k: dict(calls=c.calls, rows_sent=c.rows_sent, rows_received=c.rows_received,
+                    bytes_sent=c.bytes_sent, bytes_received=c.bytes_received)
+            for k, c in engine.stats.counters.items()}
+
+
+def _run_steps(part, kind, mode, num_features):
+    engine = FullGraphEngine(part, aggregation=mode)
+    model = build(kind, num_features)
+    engine.attach(model)
+    data = engine.data
+    train, evals = [], []
+    for _ in range(TRAIN_STEPS):
+        engine.stats.reset()
+        out = _forward(model, data)
+        engine.backward(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]))
+        train.append(_measured(engine))
+    model.eval()
+    with torch.no_grad():
+        for _ in range(EVAL_FORWARDS):
+            engine.stats.reset()
+            _forward(model, data)
+            evals.append(_measured(engine))
+    engine.detach()
+    return train, evals
+
+
+def _monitor(part, kind, mode, num_features, profile, link):
+    from lightning_fullgraph.callbacks import CommunicationMonitor
+    engine = FullGraphEngine(part, aggregation=mode)
+    model = build(kind, num_features)
+    engine.attach(model)
+    logged = {}
+    module = SimpleNamespace(log=lambda name, value, **kw: logged.__setitem__(name, value))
+    trainer = SimpleNamespace(strategy=SimpleNamespace(engine=engine), datamodule=None,
+                              loggers=[], state=SimpleNamespace(fn="fit"))
+    monitor = CommunicationMonitor(profile=profile, link=link)
+    monitor.on_fit_start(trainer, module)
+    data, epochs = engine.data, []
+    for _ in range(3):
+        monitor.on_train_epoch_start(trainer, module)
+        monitor.on_train_batch_start(trainer, module, data, 0)
+        model.train()
+        out = _forward(model, data)
+        engine.backward(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]))
+        monitor.on_train_batch_end(trainer, module, None, data, 0)
+        monitor.on_validation_batch_start(trainer, module, data, 0)
+        model.eval()
+        with torch.no_grad():
+            _forward(model, data)
+        monitor.on_validation_batch_end(trainer, module, None, data, 0)
+        monitor.on_train_epoch_end(trainer, module)
+        epochs.append(dict(logged))
+    monitor.on_fit_end(trainer, module)
+    assert not any("_send" in ex.__dict__ for ex in engine.exchanges.values())  # unwrapped
+    engine.detach()
+    return epochs
+
+
+def _rank(rank, world_size, profiles):
+    data, parts = partitions(world_size)
+    part = parts[rank]
+    link = calibrate(sizes=(0, 1 << 14, 1 << 18), repeats=3, warmup=1, codec_rows=256)
+    runs = {(kind, mode): _run_steps(part, kind, mode, data.num_features)
+            for kind in KINDS for mode in MODES}
+    monitored = {}
+    if world_size == 2:  # once: importing Lightning in every rank costs seconds
+        monitored = {
+            "recorded": _monitor(part, "gcn", "hybrid", data.num_features, None, link),
+            "profiled": _monitor(part, "sage", "pre", data.num_features,
+                                 profiles[("sage", "pre")], "calibrate"),
+        }
+    return dict(link=link.to_dict(), runs=runs, monitored=monitored)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_predicted_bytes_equal_measured_bytes(world_size):
+    data, parts = partitions(world_size)
+    profiles = {(kind, mode): profile_model(build(kind, data.num_features), data.num_features,
+                                            aggregation=mode, forward=_forward)
+                for kind in KINDS for mode in MODES}
+    results = run_distributed(_rank, world_size, profiles, timeout_s=300)
+    counts = partition_counts(parts)
+
+    # Calibration: positive, finite and identical on every rank.
+    links = [LinkModel.from_dict(r["link"]) for r in results]
+    assert all(link == links[0] for link in links)
+    assert links[0].world_size == world_size and links[0].backend == "gloo"
+    assert all(0 < v < float("inf") for v in (links[0].alpha, links[0].beta,
+                                               links[0].codec_throughput))
+
+    for (kind, mode), profile in profiles.items():
+        for step in range(TRAIN_STEPS):
+            pred = predict(profile, counts, train_offset=step)
+            for rank, r in enumerate(results):
+                assert pred.per_key(rank) == r["runs"][(kind, mode)][0][step], \
+                    (kind, mode, "train step", step, rank)
+        for step in range(EVAL_FORWARDS):
+            pred = predict(profile, counts, train_steps=0, eval_forwards=1, eval_offset=step)
+            for rank, r in enumerate(results):
+                assert pred.per_key(rank) == r["runs"][(kind, mode)][1][step], \
+                    (kind, mode, "eval forward", step, rank)
+
+    for name, epochs in results[0]["monitored"].items():
+        for logged in epochs:
+            assert logged["comm/predicted_sent_MB"] == pytest.approx(logged["comm/sent_MB"],
+                                                                     rel=1e-12), name
+            assert logged["comm/predicted_received_MB"] == pytest.approx(
+                logged["comm/received_MB"], rel=1e-12), name
+            assert logged["comm/predicted_sent_MB_max"] == pytest.approx(
+                logged["comm/sent_MB_max"], rel=1e-12), name
+            assert logged["comm/predicted_exchange_s"] > 0, name
+    for name in results[0]["monitored"]:
+        # The same on every rank: the per-exchange maxima are reduced over ranks.
+        last = [r["monitored"][name][-1]["comm/predicted_exchange_s"] for r in results]
+        assert all(s == last[0] for s in last), name

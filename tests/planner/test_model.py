@@ -1,0 +1,159 @@
+"""The communication model on a small partitioned graph: rows, bytes, seconds, memory."""
+import math
+
+import pytest
+import torch.nn.functional as F
+
+from lightning_fullgraph.partition import MODES, partition_stats
+from lightning_fullgraph.planner import (
+    CommunicationModel,
+    LinkModel,
+    RankCounts,
+    memory_estimate,
+    partition_counts,
+    predict,
+    profile_model,
+)
+
+from .conftest import build
+
+
+def _forward(model, data):
+    return model(F.dropout(data.x, 0.5, model.training), data.edge_index)
+
+
+def test_counts_are_the_plans_counts(parts3):
+    data, parts = parts3
+    counts = partition_counts(parts)
+    stats = partition_stats(parts)
+    for part, c in zip(parts, counts):
+        assert (c.rank, c.world_size, c.num_owned) == (part.rank, 3, part.num_owned)
+        for mode in MODES:
+            plan = part.plan(mode)
+            for channel in ("post", "pre"):
+                ch = getattr(plan, channel)
+                assert c.rows(mode, channel) == (ch.send_counts.tolist(), ch.recv_counts.tolist())
+                assert c.rows(mode, channel, reverse=True) == (ch.recv_counts.tolist(),
+                                                               ch.send_counts.tolist())
+            assert c.num_halo[mode] == plan.num_halo
+            assert c.num_pre_slots[mode] == plan.num_pre_slots
+            assert c.num_edges[mode] == plan.edge_index.size(1)
+    for mode in MODES:
+        assert sum(c.rows_per_exchange(mode) for c in counts) == stats.mode_rows[mode]
+    assert RankCounts.from_dict(counts[1].to_dict()) == counts[1]
+
+
+def test_hybrid_never_moves_more_rows_than_either_pure_mode(parts3):
+    _, parts = parts3
+    counts = partition_counts(parts)
+    for c in counts:
+        for s in range(3):
+            rows = {m: c.recv[f"{m}.post"][s] + c.recv[f"{m}.pre"][s] for m in MODES}
+            assert rows["hybrid"] <= min(rows["pre"], rows["post"])
+    total = {m: sum(c.rows_per_exchange(m) for c in counts) for m in MODES}
+    assert total["hybrid"] < min(total["pre"], total["post"])  # strictly, on this graph
+
+
+def test_bytes_are_rows_times_row_bytes(parts3):
+    data, parts = parts3
+    counts = partition_counts(parts)
+    profile = profile_model(build("gcn", data.num_features), data.num_features,
+                            aggregation="post", forward=_forward)
+    pred = predict(profile, counts, train_offset=0)  # first step: degrees too
+    for r, c in enumerate(counts):
+        send, recv = sum(c.send["post.post"]), sum(c.recv["post.post"])
+        # forward: 16-wide rows and a degree per layer; backward: the gradients come back
+        assert pred.bytes_sent("forward")[r] == 4 * send * (16 + 4 + 2)
+        assert pred.bytes_received("forward")[r] == 4 * recv * (16 + 4 + 2)
+        assert pred.bytes_sent("backward")[r] == 4 * recv * (16 + 4)
+        assert pred.rows_sent("backward")[r] == 2 * recv
+    steady = predict(profile, counts)
+    assert steady.bytes_sent("forward") == [4 * sum(c.send["post.post"]) * 20 for c in counts]
+    assert steady.rows_per_exchange == sum(c.rows_per_exchange("post") for c in counts)
+    assert steady.seconds is None and steady.summary()["exchange_seconds"] is None
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+def test_hybrid_bytes_at_most_pure_modes(parts3, kind):
+    data, parts = parts3
+    counts = partition_counts(parts)
+    total = {}
+    for mode in MODES:
+        profile = profile_model(build(kind, data.num_features), data.num_features,
+                                aggregation=mode, forward=_forward)
+        total[mode] = predict(profile, counts).summary()["bytes_per_epoch_total"]
+    assert total["hybrid"] <= min(total["pre"], total["post"])
+
+
+def test_seconds_follow_the_busiest_rank(parts3):
+    data, parts = parts3
+    counts = partition_counts(parts)
+    profile = profile_model(build("sage", data.num_features), data.num_features,
+                            aggregation="hybrid", forward=_forward)
+    link = LinkModel(alpha=1e-4, beta=1e9, codec_throughput=1e10, world_size=2,
+                     backend="gloo")
+    pred = CommunicationModel(profile, link).predict(counts, train_steps=2, eval_forwards=1)
+    expect = 0.0
+    calls = profile.calls(2, 1)
+    for call, times in calls.items():
+        worst = max(max(sum(s), sum(r)) * call.row_bytes
+                    for s, r in (c.rows(call.mode, call.channel, call.reverse) for c in counts))
+        expect += times * (1e-4 * 2 + worst / 1e9)
+    assert pred.seconds == pytest.approx(expect)
+    assert pred.codec_seconds > 0
+    assert pred.summary()["exchanges"] == sum(calls.values())
+    layers = pred.layers()
+    assert set(layers) == {"convs.0", "convs.1"}
+    assert sum(d["seconds"] for entry in layers.values() for d in entry.values()) \
+        == pytest.approx(expect)
+
+
+def test_inter_host_bytes(parts3):
+    data, parts = parts3
+    counts = partition_counts(parts)
+    profile = profile_model(build("gcn", data.num_features), data.num_features,
+                            aggregation="post", forward=_forward)
+    flat = predict(profile, counts)
+    assert flat.summary()["inter_host_bytes"] is None
+    split = predict(profile, counts, hosts=3)  # every rank its own host: all bytes cross
+    assert split.inter_host_bytes == sum(flat.bytes_sent())
+    with pytest.raises(ValueError, match="divisor"):
+        predict(profile, counts, hosts=2)
+    with pytest.raises(ValueError, match="every rank"):
+        predict(profile, counts[:2])
+
+
+def test_memory_estimate(parts3):
+    data, parts = parts3
+    counts = partition_counts(parts)
+    for mode in MODES:
+        profile = profile_model(build("gcn", data.num_features), data.num_features,
+                                aggregation=mode, forward=_forward)
+        for c in counts:
+            mem = memory_estimate(profile, c)
+            assert mem["features"] == c.num_owned * data.num_features * 4
+            assert mem["parameters"] == 4 * profile.parameter_bytes
+            assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
+            if mode == "post":
+                assert mem["pre_slots"] == 0
+                assert mem["halo"] == c.num_halo["post"] * 4 * (16 + 4 + 1 + 1)
+            if mode == "pre":
+                assert mem["halo"] == 0 and mem["pre_slots"] > 0
+            assert mem["graph"] >= 16 * c.num_in_edges
+
+
+def test_link_model_round_trip_and_validation(tmp_path):
+    link = LinkModel(alpha=2e-5, beta=3e9, world_size=4, backend="gloo",
+                     samples=[(0, 6e-5), (1 << 20, 4e-4)])
+    assert math.isinf(link.codec_throughput) and link.codec_seconds(1e6, 1e6) == 0.0
+    again = LinkModel.load(link.save(tmp_path / "link.json"))
+    assert again == link
+    assert link.exchange_seconds(3e9, 4) == pytest.approx(3 * 2e-5 + 1.0)
+    assert link.exchange_seconds(1e9, 1) == 0.0
+    with pytest.raises(ValueError, match="positive"):
+        LinkModel(alpha=0.0, beta=1.0)
+    with pytest.raises(ValueError, match="unknown"):
+        LinkModel.from_dict({"alpha": 1.0, "beta": 1.0, "latency": 3})
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a JSON link model"):
+        LinkModel.load(tmp_path / "bad.json")
