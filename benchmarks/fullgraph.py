@@ -6,7 +6,11 @@ Usage::
     python benchmarks/fullgraph.py --quick            # ~50k nodes smoke run (~1 min)
     python benchmarks/fullgraph.py                    # 1M nodes, ~10M edges, GCN, P in {2, 4}
     python benchmarks/fullgraph.py --model sage --epochs 2
+    python benchmarks/fullgraph.py --aggregation post # cut edges post-aggregated only
     python benchmarks/fullgraph.py --json | jq .runs  # only the JSON on stdout
+
+(``benchmarks/aggregation.py`` compares the post / pre / hybrid aggregation modes with
+this file's launcher and worker.)
 
 What it does, in order:
 
@@ -115,8 +119,10 @@ def available_cores() -> int:
 # --------------------------------------------------------------------------- the worker
 
 
-def _build_model(torch_nn, pyg_nn, kind: str, in_dim: int, hidden: int, out_dim: int):
+def _build_model(torch_nn, pyg_nn, kind: str, in_dim: int, hidden: int, out_dim: int,
+                 input_dropout: float = 0.0):
     conv = {"gcn": pyg_nn.GCNConv, "sage": pyg_nn.SAGEConv}[kind]
+    dropout = float(input_dropout)
 
     class Net(torch_nn.Module):
         def __init__(self):
@@ -125,10 +131,38 @@ def _build_model(torch_nn, pyg_nn, kind: str, in_dim: int, hidden: int, out_dim:
             self.conv2 = conv(hidden, out_dim)
 
         def forward(self, x, edge_index):
+            if dropout > 0.0:  # a fresh input tensor every step (benchmarks/aggregation.py)
+                x = torch_nn.functional.dropout(x, p=dropout, training=self.training)
             x = self.conv1(x, edge_index).relu()
             return self.conv2(x, edge_index)
 
     return Net()
+
+
+def engine_kwargs(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    r"""Optional :class:`FullGraphEngine` keywords of a configuration: ``aggregation``
+    (``"post"``, ``"pre"``, ``"hybrid"``; absent: the engine's default) and
+    ``cache_static`` (absent: not passed). Used by ``benchmarks/aggregation.py``."""
+    out: Dict[str, Any] = {}
+    if cfg.get("aggregation"):
+        out["aggregation"] = cfg["aggregation"]
+    if cfg.get("cache_static") is not None:
+        out["cache_static"] = bool(cfg["cache_static"])
+    return out
+
+
+def _plan_counts(engine) -> Optional[Dict[str, Any]]:
+    # Rows of this rank's plan in the engine's aggregation mode (for byte checks).
+    mode = getattr(engine, "aggregation", "post")
+    exchanges = getattr(engine, "exchanges", None) or {}
+    ex = exchanges.get(mode, getattr(engine, "exchange", None))
+    plan = getattr(ex, "plan", None)
+    if plan is None or not hasattr(plan, "pre"):
+        return None
+    return {"mode": mode, "post_send": int(plan.post.send_index.numel()),
+            "post_recv": int(plan.post.recv_index.numel()),
+            "pre_send": int(plan.pre.send_index.numel()),
+            "pre_recv": int(plan.pre.recv_index.numel())}
 
 
 def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, Any]:
@@ -150,7 +184,9 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
 
     engine = None
     t0 = time.perf_counter()
-    if world == 1:
+    # cfg["engine_single"]: one rank through the engine (a 1-part partition) instead of
+    # plain PyG on the global graph.
+    if world == 1 and not cfg.get("engine_single"):
         # Plain PyG on the global graph: the parent saved it once with torch.save.
         from torch_geometric.data import Data
         state = torch.load(cfg["graph_path"], weights_only=True, map_location="cpu")
@@ -173,11 +209,16 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
         t0 = time.perf_counter()
         # Only this rank's partition is read from disk; the global graph never is.
         part = load_partition(cfg["partition_dir"], rank, num_parts=world)
-        engine = FullGraphEngine(part)
+        engine = FullGraphEngine(part, **engine_kwargs(cfg))
+        rec["engine_kwargs"] = engine_kwargs(cfg)
+        rec["aggregation"] = getattr(engine, "aggregation", None)
+        static = getattr(engine, "static", None)  # the engine's static-input cache, if any
+        rec["cache_static"] = None if static is None else bool(getattr(static, "enabled", False))
         data = engine.data
         rec["local"] = {"num_nodes": part.num_owned, "num_edges": part.num_local_edges,
                         "num_halo": part.num_halo,
-                        "num_send": int(part.send_index.numel())}
+                        "num_send": int(part.send_index.numel()),
+                        "plan": _plan_counts(engine)}
     rec["load_s"] = time.perf_counter() - t0
     rec["mem_after_load"] = _mem_point()
     rec["local"]["payload_bytes"] = int(sum(
@@ -187,7 +228,7 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
     x, edge_index, y, mask = data.x, data.edge_index, data.y, data.train_mask
     torch.manual_seed(int(cfg["seed"]))
     model = _build_model(torch.nn, pyg_nn, cfg["model"], x.size(1), int(cfg["hidden"]),
-                         int(cfg["num_classes"]))
+                         int(cfg["num_classes"]), float(cfg.get("input_dropout", 0.0)))
     rec["num_parameters"] = int(sum(p.numel() for p in model.parameters()))
     allreduce_s = [0.0]
     kernels = cfg.get("kernels", "pyg")
@@ -215,6 +256,8 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
         if engine is not None:
             dist.barrier()
             engine.stats.reset()
+            if cfg.get("next_step"):
+                engine.next_step()
         allreduce_s[0] = 0.0
         c_start = time.process_time()
         t_start = time.perf_counter()
@@ -246,6 +289,8 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
                          "forward_seconds": fwd.seconds, "backward_seconds": bwd.seconds,
                          "seconds": snap["comm/seconds"],
                          "exchanges": int(snap["comm/exchanges"])}
+            if hasattr(engine.stats, "per_key"):  # bytes sent per exchange point
+                e["comm_keys"] = {k: c.bytes_sent for k, c in engine.stats.per_key().items()}
             g = engine.scale_loss(loss.detach()).reshape(1).double()
             dist.all_reduce(g)
             e["loss"] = float(g)
@@ -416,6 +461,7 @@ def format_report(res: Dict[str, Any]) -> str:
                      f"total halo {p.get('total_halo', 0):,}; dir {p['dir']}")
     lines.append(f"model:   2-layer {meta['model'].upper()} (hidden {meta['hidden']}, ReLU, Adam "
                  f"lr=0.01), {meta['warmup']} warm-up + {meta['epochs']} timed epochs; "
+                 f"aggregation {meta.get('aggregation', 'engine default')}; "
                  f"threads per process = max(1, {meta['cores']} // P)")
     runs = res["runs"]
     single = runs.get("single")
@@ -556,6 +602,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "backend (on both sides of the comparison)")
     p.add_argument("--parts", type=str, default="2,4",
                    help="comma-separated numbers of ranks to compare with the single process")
+    p.add_argument("--aggregation", choices=("post", "pre", "hybrid"), default=None,
+                   help="FullGraphEngine(aggregation=...) of the ranks (default: the engine's "
+                        "default); benchmarks/aggregation.py compares the three")
     p.add_argument("--no-single", action="store_true",
                    help="skip the single-process baseline (no ratios, no target check)")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after the warm-up)")
@@ -688,6 +737,7 @@ def main(argv=None) -> int:
 
     # 3. One fresh set of processes per configuration.
     base_cfg = {"model": args.model, "kernels": args.kernels, "hidden": args.hidden,
+                "aggregation": args.aggregation,
                 "num_classes": args.classes,
                 "epochs": args.epochs, "warmup": args.warmup, "seed": args.seed,
                 "timeout_s": args.timeout}
@@ -713,6 +763,7 @@ def main(argv=None) -> int:
                  "python": platform.python_version(), "torch": prep["torch"],
                  "torch_geometric": prep["torch_geometric"], "cores": args.cores,
                  "model": args.model, "hidden": args.hidden, "epochs": args.epochs,
+                 "aggregation": args.aggregation or "engine default",
                  "warmup": args.warmup, "quick": args.quick,
                  "threads_rule": "max(1, cores // P)", "rss_unit": "KiB (ru_maxrss, Linux)"},
         "graph": graph_info,
