@@ -105,7 +105,9 @@ def _compare_all_layers(rank: int, world_size: int, aggregation: str = "post"):
     return errors
 
 
-TRAJECTORY32 = {"post": FP32, "hybrid": 1e-4, "pre": 1e-4}
+# Partial aggregates sum in another order; 20 fp32 Adam steps amplify that rounding (measured
+# up to 1.6e-5, GINConv in pre at P=4; 1.04e-5 in hybrid). float64 stays at 1e-10.
+TRAJECTORY32 = {"post": FP32, "hybrid": 3e-5, "pre": 3e-5}
 
 
 @pytest.mark.multiprocess
