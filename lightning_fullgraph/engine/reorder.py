@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn.conv import GCNConv, gcn_conv
 
-from .agreement import Agreement, all_agree
+from .agreement import Agreement
 from .context import current_layer
 from .static import StaticCache, _signature
 
@@ -57,14 +57,13 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
             return original(x, edge_index, edge_weight)
         phase = "train" if layer.training else "eval"
         point = f"{key}.reorder.{phase}"
-        if not agreement.decide(point, not x.requires_grad):
+        if not agreement.decide(point, not x.requires_grad) or static.gave_up(point):
             return original(x, edge_index, edge_weight)
         seen = last[phase]
         same = not x.requires_grad and seen.same(x)
         if not x.requires_grad:
             seen.remember(x)
-        if not all_agree(same, static.group, f"static-input check for '{point}'",
-                         static.timeout):
+        if not static.agreed_reuse(point, same):
             return original(x, edge_index, edge_weight)
         edge_index, edge_weight = gcn_conv.gcn_norm(  # the engine's dispatcher (cached)
             edge_index, edge_weight, x.size(layer.node_dim), layer.improved,

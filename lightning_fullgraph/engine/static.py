@@ -17,12 +17,14 @@ Full-graph training runs on a static graph, yet an unmodified PyG model recomput
   a new one -- the previous output is returned without exchanging anything.  Input dropout
   makes a new tensor every step, so nothing is reused then.
 
-Skipping an exchange must happen on all ranks or none: every reuse is agreed by all ranks
-in one small all-reduce, which replaces the exchange (for aggregations, only at points
-agreed eligible on their first call, :class:`~.agreement.Agreement`).  A rank whose inputs
-changed makes every rank recompute.  Decisions are
-kept apart for training and evaluation, so a validation pass without dropout does not decide
-for training steps with it.
+Skipping an exchange must happen on all ranks or none.  A normalization point is agreed static
+on its first call (:class:`~.agreement.Agreement`) and then costs nothing; other edge values
+passed there later are refused with a clear error.  An aggregation point agreed eligible on its
+first call checks on every call, in one small all-reduce that replaces the exchange, whether all
+ranks can reuse their result (a rank whose input changed makes every rank recompute); after
+:data:`GIVE_UP` agreed misses in a row (a new input every step, e.g. dropout) it stops
+checking.  Decisions are kept apart for training and evaluation, so a validation pass without
+dropout does not decide for training steps with it.
 
 The results are the same tensors the uncached computation returns, bit for bit.
 ``FullGraphEngine(cache_static=False)`` turns the cache off.
@@ -34,7 +36,10 @@ from torch import Tensor
 
 from .agreement import Agreement, all_agree
 
-__all__ = ["StaticCache"]
+__all__ = ["StaticCache", "GIVE_UP"]
+
+#: Agreed misses in a row after which a point stops checking for reuse.
+GIVE_UP = 3
 
 
 _PLAIN = (type(None), bool, int, float, str)
@@ -86,6 +91,9 @@ class StaticCache:
         self.enabled = bool(enabled)
         self.timeout = timeout
         self._eligible = Agreement(group, "static-input cache", timeout)
+        self._norm_points = Agreement(group, "static normalization", timeout)
+        self._streaks: Dict[str, int] = {}
+        self._given_up: set = set()
         self._norms: Dict[tuple, Any] = {}
         self._aggregations: Dict[str, _Entry] = {}
         self.hits = 0
@@ -96,27 +104,58 @@ class StaticCache:
         self._norms.clear()
         self._aggregations.clear()
         self._eligible.clear()
+        self._norm_points.clear()
+        self._streaks.clear()
+        self._given_up.clear()
 
     # -- normalizations -------------------------------------------------------------------
     def normalization(self, point: str, key: tuple, local_ok: bool,
                       compute: Callable[[], Any]) -> Any:
-        r"""``compute()`` once per :obj:`key` while every rank's inputs are the partition's
-        (:obj:`local_ok`), else every time.
+        r"""``compute()`` once per :obj:`key` if every rank's inputs are the partition's
+        (:obj:`local_ok`) on the first call at :obj:`point` (agreed then, in one all-reduce),
+        else every time.
 
-        Every call agrees, in one small all-reduce, whether all ranks hold the result
-        (the exchange of halo degrees it replaces is a collective too).
+        Raises:
+            RuntimeError: If the point was agreed static and this rank's inputs no longer are
+                (its peers skip the exchange this call would need).
         """
-        if not self.enabled:
+        if not self.enabled or not self._norm_points.decide(point, local_ok):
             return compute()
-        found = self._norms.get(key) if local_ok else None
-        if all_agree(found is not None, self.group,
-                     f"static normalization check for '{point}'", self.timeout):
+        if not local_ok:
+            raise RuntimeError(
+                f"'{point}': the normalization is computed once for the partition's edge list "
+                "and edge values (they were passed on the first call here), but this call "
+                "passes other ones; pass batch.edge_index and its edge attributes unchanged, "
+                "or create the engine with cache_static=False (FullGraphEngine) / use "
+                "aggregation='post' with cache_static=False")
+        found = self._norms.get(key)
+        if found is None:
+            found = self._norms[key] = compute()
+        else:
             self.hits += 1
-            return found
-        result = compute()
-        if local_ok:
-            self._norms[key] = result
-        return result
+        return found
+
+    def gave_up(self, point: str) -> bool:
+        r"""Whether :obj:`point` stopped checking for reuse (see :meth:`agreed_reuse`)."""
+        return point in self._given_up
+
+    def agreed_reuse(self, point: str, local_hit: bool) -> bool:
+        r"""Whether every rank can reuse its result at :obj:`point` (one all-reduce).
+
+        After :data:`GIVE_UP` agreed misses in a row the point is no longer checked (no more
+        all-reduces; e.g. an input made anew by dropout every step). The streak is counted from
+        agreed results only, so every rank gives up at the same call.
+        """
+        if point in self._given_up:
+            return False
+        ok = all_agree(local_hit, self.group, f"static-input cache check for '{point}'",
+                       self.timeout)
+        streak = 0 if ok else self._streaks.get(point, 0) + 1
+        self._streaks[point] = streak
+        if streak >= GIVE_UP:
+            self._given_up.add(point)
+            self._aggregations.pop(point, None)
+        return ok
 
     # -- aggregations of unchanged inputs -------------------------------------------------
     def aggregation(self, point: str, inputs: Tuple[Any, ...],
@@ -137,15 +176,17 @@ class StaticCache:
             isinstance(v, Tensor) and v.requires_grad for v in leaves)
         if not self._eligible.decide(point, static):
             return compute()
+        if point in self._given_up:
+            return compute()
         entry = self._aggregations.get(point)
         hit = static and entry is not None and self._same(entry, leaves)
-        if all_agree(hit, self.group, f"static-input cache check for '{point}'",
-                     self.timeout):
+        if self.agreed_reuse(point, hit):
             self.hits += 1
             return entry.output
         self.misses += 1
         output = compute()
-        if static and isinstance(output, Tensor) and not output.requires_grad:
+        if static and isinstance(output, Tensor) and not output.requires_grad \
+                and point not in self._given_up:
             self._aggregations[point] = _Entry(
                 inputs=leaves, signatures=tuple(
                     _signature(v) if isinstance(v, Tensor) else None for v in leaves),

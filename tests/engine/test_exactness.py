@@ -67,6 +67,12 @@ def _pair(kind, data, engine, dtype=torch.float32):
     return ref, model
 
 
+def _kinds(aggregation: str):
+    # Attention layers never pre-aggregate: they run exactly as in "post" under every mode
+    # (checked there); "sage_max" stays as the ineligible layer inside a hybrid/pre engine.
+    return [k for k in LAYERS if aggregation == "post" or k not in NEAR_DEGENERATE]
+
+
 def _compare_all_layers(rank: int, world_size: int, aggregation: str = "post"):
     torch.manual_seed(0)
     data = skewed_graph()
@@ -75,7 +81,7 @@ def _compare_all_layers(rank: int, world_size: int, aggregation: str = "post"):
     engine = FullGraphEngine(part, aggregation=aggregation)
     local = engine.data
     errors = {}
-    for kind in LAYERS:
+    for kind in _kinds(aggregation):
         ref, model = _pair(kind, data, engine)
 
         # One forward/backward in fp32: logits and gradients.
@@ -119,7 +125,7 @@ TRAJECTORY32 = {"post": FP32, "hybrid": 3e-5, "pre": 3e-5}
 def test_partitioned_equals_single_process(world_size, aggregation):
     results = run_distributed(_compare_all_layers, world_size, aggregation)
     for rank, errors in enumerate(results):
-        assert set(errors) == set(LAYERS)
+        assert set(errors) == set(_kinds(aggregation))
         for kind, err in errors.items():
             where = (rank, kind)
             assert err["logits"] < FP32, (where, err)
