@@ -8,7 +8,7 @@ needs (owned, halo and pre-slot rows, edges).  It is small and JSON-able, so the
 every rank of a large partition can be held at once (:func:`partition_counts` loads one rank
 at a time).
 """
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (
     Any,
@@ -24,6 +24,7 @@ from typing import (
 )
 
 from ..partition.cover import MODES
+from .record import JsonRecord
 
 __all__ = ["RankCounts", "partition_counts"]
 
@@ -31,7 +32,7 @@ CHANNELS = ("post", "pre")
 
 
 @dataclass
-class RankCounts:
+class RankCounts(JsonRecord):
     r"""Per-exchange row counts of one rank, for every aggregation mode it has a plan for.
 
     Args:
@@ -144,26 +145,6 @@ class RankCounts:
             int
         """
         return sum(self.recv[f"{mode}.post"]) + sum(self.recv[f"{mode}.pre"])
-
-    def to_dict(self) -> Dict[str, Any]:
-        r"""JSON-able dictionary.
-
-        Returns:
-            Dict[str, Any]
-        """
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, state: Dict[str, Any]) -> "RankCounts":
-        r"""Inverse of :meth:`to_dict`.
-
-        Args:
-            state (Dict[str, Any]): A dictionary from :meth:`to_dict`.
-
-        Returns:
-            RankCounts
-        """
-        return cls(**state)
 
 
 def partition_counts(partitions: Union[str, Path, Iterable[Any]], modes: Sequence[str] = MODES,

@@ -28,11 +28,13 @@ was given no profile).
 import copy
 import threading
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+
+from .record import JsonRecord
 
 __all__ = ["ExchangeCall", "ExchangeProfile", "ExchangeRecorder", "profile_model"]
 
@@ -40,7 +42,7 @@ PHASES = ("train", "eval")
 
 
 @dataclass(frozen=True)
-class ExchangeCall:
+class ExchangeCall(JsonRecord):
     r"""One call of the halo exchange (one ``all_to_all_single``).
 
     Args:
@@ -69,26 +71,6 @@ class ExchangeCall:
     def decoded_row_bytes(self) -> int:
         r"""Bytes of one row before encoding."""
         return self.width * self.value_bytes
-
-    def to_dict(self) -> Dict[str, Any]:
-        r"""JSON-able dictionary.
-
-        Returns:
-            Dict[str, Any]
-        """
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, state: Dict[str, Any]) -> "ExchangeCall":
-        r"""Inverse of :meth:`to_dict`.
-
-        Args:
-            state (Dict[str, Any]): A dictionary from :meth:`to_dict`.
-
-        Returns:
-            ExchangeCall
-        """
-        return cls(**state)
 
 
 def _layer_of(key: str) -> str:
