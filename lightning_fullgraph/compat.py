@@ -90,18 +90,20 @@ def require(package: str) -> None:
 
 
 # -- PyG -----------------------------------------------------------------------------------
-def propagate_source_args(layer: Any) -> Set[str]:
+def propagate_source_args(layer: Any) -> Tuple[str, ...]:
     r"""Names of ``propagate`` arguments a layer reads per *source* node (``x`` for ``x_j``).
 
     PyG's inspector stores the ``message``/``aggregate``/``update`` arguments in
-    ``_user_args``; those ending in ``_j`` are gathered from source rows.
+    ``_user_args``; those ending in ``_j`` are gathered from source rows.  Sorted: every
+    rank exchanges them in this order, and a set's order of strings differs between
+    processes (hash randomization), which would pair different collectives.
     """
-    return {n[:-2] for n in layer._user_args if n.endswith("_j")}
+    return tuple(sorted({n[:-2] for n in layer._user_args if n.endswith("_j")}))
 
 
-def edge_update_source_args(layer: Any) -> Set[str]:
+def edge_update_source_args(layer: Any) -> Tuple[str, ...]:
     r"""As :func:`propagate_source_args` for ``edge_updater`` (``alpha`` for ``alpha_j``)."""
-    return {n[:-2] for n in layer._edge_user_args if n.endswith("_j")}
+    return tuple(sorted({n[:-2] for n in layer._edge_user_args if n.endswith("_j")}))
 
 
 def hook_dicts(layer: Any, kind: str) -> Dict[Any, Callable]:

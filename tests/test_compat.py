@@ -42,10 +42,16 @@ def test_untested_version_can_be_allowed(monkeypatch):
 
 
 def test_pyg_internals_are_where_the_engine_expects_them():
-    assert compat.propagate_source_args(GCNConv(4, 4)) == {"x"}
+    assert compat.propagate_source_args(GCNConv(4, 4)) == ("x", )
     gat = GATConv(4, 4)
-    assert compat.propagate_source_args(gat) == {"x"}
-    assert compat.edge_update_source_args(gat) == {"alpha"}
+    assert compat.propagate_source_args(gat) == ("x", )
+    assert compat.edge_update_source_args(gat) == ("alpha", )
+    # Sorted, not a set: ranks must exchange several source tensors in the same order (a
+    # set of strings iterates in a per-process order, which silently swapped AGNNConv's
+    # x and x_norm between ranks).
+    from torch_geometric.nn import AGNNConv, TransformerConv
+    assert compat.propagate_source_args(AGNNConv()) == ("x", "x_norm")
+    assert compat.propagate_source_args(TransformerConv(4, 4)) == ("key", "value")
     for kind in ("propagate_pre", "propagate", "message_pre", "aggregate",
                  "message_and_aggregate_pre", "edge_update_pre"):
         assert len(compat.hook_dicts(gat, kind)) == 0
