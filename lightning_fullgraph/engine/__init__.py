@@ -23,7 +23,11 @@ from .partitioned import PartitionedModel, SparseAdjacencyError, partition_model
 from .policy import ExchangePolicy  # noqa: E402
 from .static import StaticCache  # noqa: E402
 from .stats import CommStats, ExchangeCounter  # noqa: E402
-from .support import EXACT_LAYERS, UnsupportedLayerError, check_model  # noqa: E402
+from .graphnorm import (MultipleGraphsError, convert_cross_node_norms,  # noqa: E402
+                        revert_cross_node_norms)
+from .laplacian import distributed_laplacian  # noqa: E402
+from .support import (EXACT_LAYERS, REFUSED_LAYERS, TRAINING_REFUSED_LAYERS,  # noqa: E402
+                      UnsupportedLayerError, check_model)
 from .transport import PendingExchange, Transport  # noqa: E402
 
 __all__ = [
@@ -34,6 +38,8 @@ __all__ = [
     "ExchangeCounter", "PartitionedModel", "partition_model", "DistributedBatchNorm",
     "convert_batchnorm", "revert_batchnorm", "distributed_gcn_norm", "gather_nodes",
     "all_reduce_gradients", "reduce_backward", "broadcast_parameters", "loss_weight",
-    "CollectiveError", "SparseAdjacencyError", "EXACT_LAYERS",
-    "UnsupportedLayerError", "check_model",
+    "CollectiveError", "SparseAdjacencyError", "EXACT_LAYERS", "REFUSED_LAYERS",
+    "TRAINING_REFUSED_LAYERS", "UnsupportedLayerError", "check_model",
+    "convert_cross_node_norms", "revert_cross_node_norms", "MultipleGraphsError",
+    "distributed_laplacian",
 ]

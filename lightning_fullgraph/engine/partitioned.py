@@ -11,8 +11,10 @@ them again (the LayerSync ``apply``/``revert`` pattern).  While attached:
   (after its linear transform in ``GCNConv``/``GATConv``), once per hop in
   multi-hop layers (``SGConv``, ``APPNP``, ``TAGConv``), and attention layers get
   the source-side attention terms of halo nodes;
-* ``gcn_norm`` computes halo degrees through the exchange (see :mod:`.norm`);
-* ``BatchNorm1d`` modules are synchronized (see :mod:`.batchnorm`).
+* ``gcn_norm`` computes halo degrees through the exchange (see :mod:`.norm`), ``ChebConv``'s
+  Laplacian the out-degrees of sources and a global ``lambda_max`` (see :mod:`.laplacian`);
+* ``BatchNorm1d`` modules are synchronized (see :mod:`.batchnorm`), and PyG's
+  cross-node normalizations (``GraphNorm``, ``PairNorm``, ...) always (see :mod:`.graphnorm`).
 
 Between layers tensors hold only the rank's own nodes, so Linear, Dropout,
 activations and per-node normalizations need nothing.
@@ -32,23 +34,28 @@ to the mode's edges and halo, a propagate forward hook adds the received partial
 (and divides mean aggregations by the global in-degree).
 """
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Type
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
 import torch
 from torch import Tensor
 from torch_geometric.nn import aggr as pyg_aggr
+from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.nn.conv import MessagePassing
 
 from .. import compat
 from .aggregation import PRE_LAYERS, AggregationRouter, pre_eligible
 from .batchnorm import convert_batchnorm, revert_batchnorm
+from .graphnorm import convert_cross_node_norms, revert_cross_node_norms
+from .laplacian import wrap_chebyshev_norm
+from .propagation import unwrap_label_propagation, wrap_label_propagation
 from .context import ActiveLayer, current_layer, pop_layer, push_layer
 from .exchange import HaloExchange
 from .norm import patch_gcn_norm, unpatch_gcn_norm
 from .agreement import Agreement
 from .reorder import reorderable, reordered_forward
 from .static import StaticCache
-from .support import check_model
+from .reverse import reverse_exchange, wrap_dir_gnn
+from .support import TRAINING_REFUSED_LAYERS, UnsupportedLayerError, check_model
 
 __all__ = ["PartitionedModel", "partition_model", "SparseAdjacencyError"]
 
@@ -129,11 +136,17 @@ class PartitionedModel:
         self.static = static
         self._static_wrapped: List[Any] = []
         self._forward_wrapped: List[Any] = []
+        self._reverse: Optional[HaloExchange] = None
         self.layers: List[Tuple[str, MessagePassing]] = check_model(model, trusted_layers)
+        # Layers whose halo comes through another exchange (conv_out of a DirGNNConv).
+        self._exchanges: Dict[str, HaloExchange] = {}
         self.states: Dict[str, LayerState] = {}
         self._handles: List[Any] = []
         self._bn_swaps: List[Any] = []
+        self._norm_swaps: List[Any] = []
+        self._propagation: List[Any] = []
         self._edge_wrapped: List[Any] = []
+        self._norm_wrapped: List[Any] = []
         self._propagate_wrapped: List[Any] = []
         self._aggr_swaps: List[Tuple[MessagePassing, Any]] = []
         self._attached = False
@@ -143,6 +156,8 @@ class PartitionedModel:
     # -- apply / revert ------------------------------------------------------------
     def _state(self, key: str, layer: MessagePassing) -> LayerState:
         candidate = self.router.candidate(layer) if self.router is not None else "post"
+        if key in self._exchanges:
+            candidate = "post"  # a reversed graph has no pre plan
         if candidate == "post":
             return LayerState(key)
         mean = isinstance(layer.aggr_module, pyg_aggr.MeanAggregation)
@@ -152,7 +167,27 @@ class PartitionedModel:
         cls = next(c for c in PRE_LAYERS if isinstance(layer, c))
         return LayerState(key, candidate, mean, PRE_LAYERS[cls])
 
+    def _exchange_of(self, key: str) -> HaloExchange:
+        return self._exchanges.get(key, self.exchange)
+
+    def _wrap_dir_gnn(self) -> None:
+        for name, module in self.model.named_modules():
+            if not isinstance(module, pyg_conv.DirGNNConv):
+                continue
+            if self.router is None:
+                raise UnsupportedLayerError(
+                    f"'{name}' (DirGNNConv) needs the partition's outgoing cut edges: attach "
+                    "the model through FullGraphEngine")
+            if self._reverse is None:
+                self._reverse = reverse_exchange(self.exchange, self.router.partition)
+            self._exchanges[f"{name}.conv_out" if name else "conv_out"] = self._reverse
+            ours = wrap_dir_gnn(module, name or type(module).__name__, self.router,
+                                self._reverse)
+            self._forward_wrapped.append((module, module.__dict__.get("forward"), ours))
+            module.__dict__["forward"] = ours
+
     def _attach(self) -> None:
+        self._wrap_dir_gnn()
         for name, layer in self.layers:
             key = name or type(layer).__name__
             state = self.states[key] = self._state(key, layer)
@@ -169,8 +204,14 @@ class PartitionedModel:
             edge_args = compat.edge_update_source_args(layer)
             if edge_args:
                 self._wrap_edge_updater(layer, key, edge_args)
+            if isinstance(layer, pyg_conv.ChebConv):
+                self._wrap_chebyshev_norm(layer, key)
         if self._sync_batchnorm:
             self._bn_swaps = convert_batchnorm(self.model, self.exchange.group)
+        # Not optional like BatchNorm sync: unsynchronized, these norms are simply wrong.
+        self._norm_swaps = convert_cross_node_norms(self.model, self.exchange.group)
+        self._propagation = wrap_label_propagation(self.model, self.exchange.group,
+                                                   self.exchange.timeout)
         patch_gcn_norm()
         self._attached = True
         self._wrap_reordered()
@@ -181,7 +222,7 @@ class PartitionedModel:
             return
         agreement = Agreement(self.exchange.group, "aggregation order", self.exchange.timeout)
         for name, layer in self.layers:
-            if reorderable(layer):
+            if reorderable(layer) and (name or type(layer).__name__) not in self._exchanges:
                 ours = reordered_forward(layer, name or type(layer).__name__, layer.forward,
                                          self.static, agreement)
                 self._forward_wrapped.append((layer, layer.__dict__.get("forward"), ours))
@@ -193,7 +234,8 @@ class PartitionedModel:
         if self.static is None or self._static_wrapped:
             return
         for name, layer in self.layers:
-            if pre_eligible(layer):
+            # Static reuse assumes the partition's in-edges: not the reversed graph's.
+            if pre_eligible(layer) and (name or type(layer).__name__) not in self._exchanges:
                 ours = _eager(_static_propagate(layer, name or type(layer).__name__,
                                                 layer.propagate, self.static))
                 self._static_wrapped.append((layer, layer.__dict__.get("propagate"), ours))
@@ -219,12 +261,18 @@ class PartitionedModel:
         for layer, had_own, ours in self._edge_wrapped:
             _restore(layer, "edge_updater", had_own, ours)
         self._edge_wrapped.clear()
+        for layer, had_own, ours in self._norm_wrapped:
+            _restore(layer, "__norm__", had_own, ours)
+        self._norm_wrapped.clear()
         for layer, had_own, ours in self._propagate_wrapped:
             _restore(layer, "propagate", had_own, ours)
         self._propagate_wrapped.clear()
         for layer, original in reversed(self._aggr_swaps):
             layer.aggr_module = original
         self._aggr_swaps.clear()
+        revert_cross_node_norms(self._norm_swaps)
+        unwrap_label_propagation(self._propagation)
+        self._norm_swaps = []
         revert_batchnorm(self._bn_swaps)
         self._bn_swaps = []
         unpatch_gcn_norm()
@@ -239,8 +287,13 @@ class PartitionedModel:
     def _enter(self, state: LayerState):
         @torch.compiler.disable
         def hook(module, args):
-            push_layer(ActiveLayer(state.key, self.exchange, owner=self, state=state,
-                                   training=module.training))
+            if module.training and type(module).__name__ in TRAINING_REFUSED_LAYERS:
+                # Every rank is in the same mode: all raise here, before any collective.
+                raise UnsupportedLayerError(
+                    f"'{state.key}' ({type(module).__name__}) "
+                    f"{TRAINING_REFUSED_LAYERS[type(module).__name__]}")
+            push_layer(ActiveLayer(state.key, self._exchange_of(state.key), owner=self,
+                                   state=state, training=module.training))
         return hook
 
     def _wrap_propagate(self, layer: MessagePassing) -> None:
@@ -251,7 +304,14 @@ class PartitionedModel:
         self._propagate_wrapped.append((layer, current, ours))
         layer.__dict__["propagate"] = ours
 
-    def _wrap_edge_updater(self, layer: MessagePassing, key: str, source_args: Set[str]) -> None:
+    def _wrap_chebyshev_norm(self, layer: MessagePassing, key: str) -> None:
+        # ChebConv's Laplacian needs source out-degrees and a global lambda_max.
+        ours = wrap_chebyshev_norm(layer, key, self)
+        self._norm_wrapped.append((layer, layer.__dict__.get("__norm__"), ours))
+        layer.__dict__["__norm__"] = ours
+
+    def _wrap_edge_updater(self, layer: MessagePassing, key: str,
+                           source_args: Tuple[str, ...]) -> None:
         # PyG runs edge-update pre-hooks after collecting ``alpha_j`` from ``alpha``,
         # too late to add halo rows, so the instance's ``edge_updater`` is wrapped.
         original = layer.edge_updater
@@ -265,9 +325,9 @@ class PartitionedModel:
         self._edge_wrapped.append((layer, layer.__dict__.get("edge_updater"), ours))
         layer.__dict__["edge_updater"] = ours
 
-    def _extend_hook(self, key: str, source_args: Set[str], what: str,
+    def _extend_hook(self, key: str, source_args: Tuple[str, ...], what: str,
                      state: Optional[LayerState] = None):
-        exchange = self.exchange
+        exchange = self._exchange_of(key)
 
         def hook(module: MessagePassing, inputs):
             edge_index, size, kwargs = inputs
@@ -293,10 +353,10 @@ class PartitionedModel:
                 value = kwargs.get(arg)
                 point = f"{key}.{what}{call}.{arg}"
                 if isinstance(value, Tensor):
-                    new_kwargs[arg] = (self._extend(value, module, key, point), value)
+                    new_kwargs[arg] = (self._extend(exchange, value, module, key, point), value)
                 elif isinstance(value, (tuple, list)) and len(value) == 2 \
                         and isinstance(value[0], Tensor):
-                    new_kwargs[arg] = (self._extend(value[0], module, key, point),
+                    new_kwargs[arg] = (self._extend(exchange, value[0], module, key, point),
                                        value[1])
             if size is not None and tuple(size) not in ((n_own, n_own), (n_all, n_own)):
                 raise ValueError(f"layer '{key}': size={tuple(size)} does not match the "
@@ -322,7 +382,7 @@ class PartitionedModel:
                    for arg in state.edge_args)
 
     def _rewrite(self, module: MessagePassing, mode: str, point: str, edge_index: Tensor,
-                 size: Any, kwargs: Dict[str, Any], source_args: Set[str], state: LayerState,
+                 size: Any, kwargs: Dict[str, Any], source_args: Tuple[str, ...], state: LayerState,
                  active: Optional[ActiveLayer]):
         router = self.router
         ex = router.exchanges[mode]
@@ -346,8 +406,9 @@ class PartitionedModel:
         active.pending.append(_Pending(mode, ex, point, degree))
         return edge_index, (ex.num_local, ex.num_targets), new_kwargs
 
-    def _extend(self, value: Tensor, module: MessagePassing, key: str, point: str) -> Tensor:
-        n_own, n_all = self.exchange.num_owned, self.exchange.num_local
+    def _extend(self, exchange: HaloExchange, value: Tensor, module: MessagePassing, key: str,
+                point: str) -> Tensor:
+        n_own, n_all = exchange.num_owned, exchange.num_local
         dim = module.node_dim % value.dim() if value.dim() > 1 else 0
         rows = value.size(dim)
         if rows == n_all and n_all != n_own:
@@ -357,7 +418,7 @@ class PartitionedModel:
                 f"layer '{key}' received a node tensor with {rows} rows "
                 f"but this rank owns {n_own} nodes: feed the model the rank-local "
                 "batch (batch.x of the partition), not the global graph")
-        return self.exchange.extend(value, key=point, dim=dim)
+        return exchange.extend(value, key=point, dim=dim)
 
 
 def _static_propagate(layer: MessagePassing, key: str, inner: Callable,

@@ -37,7 +37,7 @@ from .cover import MODES
 if TYPE_CHECKING:  # pragma: no cover
     from .local import LocalPartition
 
-__all__ = ["MODES", "ChannelPlan", "AggregationPlan", "build_plan"]
+__all__ = ["MODES", "ChannelPlan", "AggregationPlan", "build_plan", "build_reverse_plan"]
 
 
 @dataclass
@@ -211,3 +211,57 @@ def build_plan(part: "LocalPartition", mode: str) -> AggregationPlan:
                         send_counts=pre_send_counts, recv_index=pre_recv_index,
                         recv_counts=pre_recv_counts),
         edge_index=edge_index, in_edges=in_edges, out_edges=out_edges)
+
+
+def build_reverse_plan(part: "LocalPartition") -> AggregationPlan:
+    r"""The post-aggregation plan of the **reversed** graph (every edge flipped), for layers
+    that also aggregate over out-edges (``DirGNNConv``).
+
+    In the reversed graph the in-edges of an owned node :math:`u` are its out-edges: those
+    inside the partition (in-edges with an owned source) and its outgoing cut edges, whose
+    destinations become this plan's halo.  The owner of such a destination :math:`v` sends its
+    row; it knows which rows from its own in-edges whose source is a halo node of this rank.
+    Both sides order a rank pair's rows by global id, so no communication is needed.
+
+    Returns:
+        A ``"post"`` :class:`AggregationPlan` whose :attr:`~AggregationPlan.edge_index` holds
+        the reversed in-edges of the owned nodes: (a) the in-edges with owned sources, flipped,
+        in :attr:`LocalPartition.edge_index` order (:attr:`~AggregationPlan.in_edges`), then
+        (b) the outgoing cut edges, flipped, in global edge order
+        (:attr:`~AggregationPlan.out_edges`).
+    """
+    if part.out_edge_ids is None:
+        raise ValueError("this partition has no outgoing-cut-edge data (built by an old "
+                         "version?); re-partition the graph")
+    P, n_own, N = part.num_parts, part.num_owned, part.num_nodes
+    src_l, dst_l = part.edge_index[0], part.edge_index[1]
+
+    # Halo: distinct destinations of the outgoing cut edges, by owner rank then global id.
+    key = part.out_dst_rank * N + part.out_dst
+    halo_key = _keys_unique(key)
+    halo_ids = halo_key % N
+    recv_counts = torch.bincount(halo_key // N, minlength=P)
+    H = int(halo_ids.numel())
+
+    # Send: owned targets of in-edges from each rank's nodes, by rank then global id.
+    cut = (src_l >= n_own).nonzero().flatten()
+    halo_owner = torch.repeat_interleave(torch.arange(P), part.halo_counts)
+    owner = halo_owner[src_l[cut] - n_own]
+    send_key = _keys_unique(owner * N + part.owned_ids[dst_l[cut]])
+    send_ids = send_key % N
+    local_of = torch.searchsorted(part.owned_ids, send_ids)  # owned ids ascending
+    send_counts = torch.bincount(send_key // N, minlength=P)
+
+    inside = (src_l < n_own).nonzero().flatten()
+    out_edges = torch.arange(int(part.out_edge_ids.numel()))
+    edge_index = torch.stack([
+        torch.cat([dst_l[inside], n_own + torch.searchsorted(halo_key, key)]),
+        torch.cat([src_l[inside], part.out_src])])
+    empty = torch.zeros(0, dtype=torch.long)
+    none = torch.zeros(P, dtype=torch.long)
+    return AggregationPlan(
+        mode="post", num_owned=n_own, halo_ids=halo_ids, num_pre_slots=0, pre_slot_ids=empty,
+        post=ChannelPlan(send_index=local_of, send_counts=send_counts,
+                         recv_index=torch.arange(n_own, n_own + H), recv_counts=recv_counts),
+        pre=ChannelPlan(send_index=empty, send_counts=none, recv_index=empty, recv_counts=none),
+        edge_index=edge_index, in_edges=inside, out_edges=out_edges)
