@@ -3,10 +3,11 @@ r"""Every access to private internals of PyG, Lightning and pymetis, in one plac
 The engine hooks into unmodified PyG layers and overrides parts of Lightning's loop, which
 needs a few attributes that those projects do not promise to keep (PyG's ``_user_args``,
 its hook dictionaries, the module namespaces that hold ``gcn_norm``; Lightning's signal
-connector, random-state helpers and CLI detection; pymetis' extension module).  They are
-reached only through the functions below, and :func:`require` checks that the installed
-version is one this release was tested with, so an upgrade fails at import with a message
-that says what to do instead of failing (or silently misbehaving) in the middle of training.
+connector, random-state helpers, CLI detection and the loops' data sources; pymetis' extension
+module).  They are reached only through the functions below, and :func:`require` checks that
+the installed version is one this release was tested with, so an upgrade fails at import with a
+message that says what to do instead of failing (or silently misbehaving) in the middle of
+training.
 
 Set ``LIGHTNING_FULLGRAPH_ALLOW_UNTESTED=1`` to turn the version error into a warning.
 """
@@ -22,7 +23,8 @@ __all__ = [
     "TESTED_VERSIONS", "UntestedVersionError", "require", "installed_version",
     "propagate_source_args", "edge_update_source_args", "hook_dicts", "set_hook_dict",
     "modules_binding",
-    "fabric_is_using_cli", "fabric_run_command", "signal_connector", "collect_rng_states", "set_rng_states",
+    "fabric_is_using_cli", "fabric_run_command", "signal_connector", "stage_data_sources",
+    "attach_datamodule", "collect_rng_states", "set_rng_states",
     "pymetis_extension_path", "pymetis_option_indices",
 ]
 
@@ -169,6 +171,31 @@ def signal_connector(trainer: Any) -> Any:
     r"""The Trainer's signal connector (``received_sigterm``, SLURM requeue handler)."""
     require("lightning")
     return trainer._signal_connector
+
+
+def stage_data_sources(trainer: Any) -> Dict[str, Any]:
+    r"""Where the running stage's dataloaders come from, by dataloader hook name.
+
+    Each value is Lightning's ``_DataLoaderSource``: ``.instance`` is a LightningDataModule, the
+    LightningModule or the dataloaders passed to ``fit``/``validate``/``test``/``predict``;
+    ``.is_defined()`` says whether a module instance defines the hook.  Empty outside a stage.
+    """
+    require("lightning")
+    from lightning.pytorch.trainer.states import TrainerFn
+    loops = {TrainerFn.FITTING: (("train_dataloader", trainer.fit_loop),
+                                 ("val_dataloader", trainer.fit_loop.epoch_loop.val_loop)),
+             TrainerFn.VALIDATING: (("val_dataloader", trainer.validate_loop),),
+             TrainerFn.TESTING: (("test_dataloader", trainer.test_loop),),
+             TrainerFn.PREDICTING: (("predict_dataloader", trainer.predict_loop),)}
+    return {name: loop._data_source for name, loop in loops.get(trainer.state.fn, ())}
+
+
+def attach_datamodule(trainer: Any, module: Any, datamodule: Any) -> None:
+    r"""Makes :obj:`datamodule` the Trainer's data module for the running stage, as
+    ``trainer.fit(module, datamodule=datamodule)`` would have (loops' sources, data hooks,
+    ``trainer.datamodule``)."""
+    require("lightning")
+    trainer._data_connector.attach_datamodule(module, datamodule=datamodule)
 
 
 def collect_rng_states() -> Dict[str, Any]:

@@ -6,11 +6,18 @@ parts and options) and then every rank loads only its own partition in
 ``setup``.  Each dataloader yields that rank-local graph as a single PyG
 :class:`~torch_geometric.data.Data` batch, like PyG's
 ``LightningNodeData(loader="full")`` does for the whole graph on one device.
+
+:class:`FullGraphNodeData` (made by :meth:`FullGraphDataModule.from_node_data`) does the same
+for a PyG ``LightningNodeData(data, loader="full")``: it is what
+:class:`~lightning_fullgraph.FullGraphStrategy` puts in place of such a data module, so a
+script written for one device needs no other change than the Trainer's strategy.
 """
+import copy
 import os
+import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import lightning.pytorch as pl
 import torch
@@ -18,7 +25,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 from torch_geometric.data import Data
 
-__all__ = ["FullGraphDataModule"]
+__all__ = ["FullGraphDataModule", "FullGraphNodeData"]
 
 # Our one-batch iterable has an exact length; Lightning's caution about iterable
 # datasets with __len__ under multi-worker loading does not apply to it.
@@ -178,6 +185,20 @@ class FullGraphDataModule(pl.LightningDataModule):
         mine = root / broadcast.name
         return mine if (mine / "manifest.json").is_file() else broadcast
 
+    @classmethod
+    def from_node_data(cls, node_data: Any, **kwargs: Any) -> "FullGraphNodeData":
+        r"""The partitioned equivalent of PyG's ``LightningNodeData(data, loader="full")``.
+
+        :class:`~lightning_fullgraph.FullGraphStrategy` calls this itself when it is given
+        such a data module; call it to pass options (e.g. :obj:`cache_dir`).
+
+        Args:
+            node_data (torch_geometric.data.lightning.LightningNodeData): A data module
+                with ``loader="full"`` over a homogeneous :class:`~torch_geometric.data.Data`.
+            **kwargs: Options of :class:`FullGraphDataModule` (not :obj:`data`).
+        """
+        return FullGraphNodeData(node_data, **kwargs)
+
     @property
     def local_data(self) -> Data:
         r"""This rank's graph (owned nodes, local edges with halo sources)."""
@@ -222,3 +243,174 @@ class FullGraphDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader()
+
+
+#: Split names of ``LightningNodeData`` and the mask each is given as on the partitioned graph.
+_SPLITS = ("train", "val", "test", "pred")
+# Index-valued split attributes (``data.train_idx``, OGB's ``valid_idx``, ...): graph-level
+# tensors that the partitioner would drop, so they are turned into masks and rebuilt per rank.
+_INDEX_KEY = re.compile(r"^(train|val|valid|test|pred)_(idx|index)$")
+# Attributes the partitioner sets or handles itself, never copied as graph-level values.
+_OWN_KEYS = {"edge_index", "num_nodes", "n_id"}
+
+
+def _node_data_error(node_data: Any, problem: str) -> ValueError:
+    return ValueError(
+        f"{type(node_data).__name__} cannot be partitioned for FullGraphStrategy: {problem}")
+
+
+def _as_mask(nodes: Any, num_nodes: int, what: str, node_data: Any) -> torch.Tensor:
+    if isinstance(nodes, (str, tuple)):
+        raise _node_data_error(node_data, f"{what} names a node type ({nodes!r}), which only "
+                                          "HeteroData has; give a node mask or index tensor")
+    nodes = torch.as_tensor(nodes)
+    if nodes.dtype == torch.bool:
+        if nodes.shape != (num_nodes,):
+            raise _node_data_error(node_data, f"{what} is a mask of shape {tuple(nodes.shape)}, "
+                                              f"expected ({num_nodes},)")
+        return nodes
+    if nodes.is_floating_point() or nodes.dim() != 1:
+        raise _node_data_error(node_data, f"{what} must be a bool mask or a 1-D index tensor, "
+                                          f"got {nodes.dtype} of shape {tuple(nodes.shape)}")
+    if nodes.numel() and (int(nodes.min()) < -num_nodes or int(nodes.max()) >= num_nodes):
+        raise _node_data_error(node_data, f"{what} holds node indices outside "
+                                          f"[0, {num_nodes})")
+    mask = torch.zeros(num_nodes, dtype=torch.bool)
+    mask[nodes.long()] = True
+    return mask
+
+
+class FullGraphNodeData(FullGraphDataModule):
+    r"""PyG's ``LightningNodeData(data, loader="full")``, partitioned.
+
+    :class:`~lightning_fullgraph.FullGraphStrategy` takes over such a data module before any of
+    its hooks run (PyG's ``prepare_data`` refuses more than one device, because its full loader
+    would give every device the whole graph): this class partitions its :obj:`data` like
+    :class:`FullGraphDataModule` and gives every rank a batch that looks like PyG's own, so the
+    LightningModule written for one device trains unchanged and computes the single-process
+    result:
+
+    * node- and edge-level attributes are the rank's rows (``batch.x``, ``batch.y``,
+      ``batch.train_mask``, ...), as for :class:`FullGraphDataModule`;
+    * index attributes of the splits (``data.train_idx``, ``data.valid_index``, ...) become
+      indices into the rank's nodes (in ascending order), so ``out[batch.train_idx]`` selects
+      the rank's training nodes;
+    * other graph-level values (tensors that are neither per node nor per edge, numbers,
+      strings) are copied unchanged into every rank's batch;
+    * the split inputs given to ``LightningNodeData`` (``input_train_nodes`` etc., as mask or
+      index, or found on :obj:`data` by PyG) also appear as ``train_mask``, ``val_mask``,
+      ``test_mask``, ``pred_mask`` when :obj:`data` has no attribute of that name: the
+      strategy weights each rank's loss by its share of ``train_mask`` and METIS balances it;
+    * validation and test run only if the original has them, as in PyG; the original's batch
+      transfer hooks and ``state_dict`` are used.
+
+    The original's :obj:`data`, split inputs and hooks are read as they are at take-over
+    (when ``fit``/``validate``/``test``/``predict`` starts); its ``prepare_data`` and
+    ``setup`` are not called.
+
+    Args:
+        node_data (torch_geometric.data.lightning.LightningNodeData): The data module, with
+            ``loader="full"`` over a homogeneous :class:`~torch_geometric.data.Data`.
+        **kwargs: Options of :class:`FullGraphDataModule` (``cache_dir``, ``seed``,
+            ``validate``, ``num_classes``, ``hosts``, ...).
+
+    Raises:
+        ValueError: For another loader, a :class:`~torch_geometric.data.HeteroData`, or split
+            inputs that are not node masks or indices of the graph; the message says what to
+            use instead.
+    """
+
+    def __init__(self, node_data: Any, **kwargs: Any) -> None:
+        loader = getattr(node_data, "loader", None)
+        if loader != "full":
+            raise _node_data_error(
+                node_data, f"loader={loader!r} samples mini-batches of the whole graph on every "
+                           "rank; FullGraphStrategy trains full-batch on partitions: use "
+                           "loader='full' (or FullGraphDataModule(data)), or keep "
+                           "loader='neighbor' with strategy='ddp'")
+        data = getattr(node_data, "data", None)
+        if not isinstance(data, Data):
+            raise _node_data_error(
+                node_data, f"its data is a {type(data).__name__}; FullGraphStrategy partitions "
+                           "a homogeneous torch_geometric.data.Data (e.g. "
+                           "HeteroData.to_homogeneous())")
+        graph, self._index_masks = self._graph(node_data, data)
+        super().__init__(graph, **kwargs)
+        self.node_data = node_data
+        for name in ("val_dataloader", "test_dataloader"):
+            # PyG sets these to None when there are no such nodes: no loop runs, as in PyG.
+            if getattr(node_data, name, None) is None:
+                setattr(self, name, None)
+        from lightning.pytorch.utilities.model_helpers import is_overridden
+        for name in ("on_before_batch_transfer", "transfer_batch_to_device",
+                     "on_after_batch_transfer"):
+            # Only hooks the original overrides, so a LightningModule's own hooks stay in use.
+            if is_overridden(name, node_data, pl.LightningDataModule):
+                setattr(self, name, getattr(node_data, name))
+
+    @staticmethod
+    def _graph(node_data: Any, data: Data):
+        # A shallow copy with its own attribute store: the user's Data is not changed.
+        graph = copy.copy(data)
+        num_nodes = int(data.num_nodes)
+        index_masks: Dict[str, torch.Tensor] = {}
+        for key in list(graph.keys()):
+            value = graph[key]
+            if _INDEX_KEY.match(key) and isinstance(value, torch.Tensor) \
+                    and not value.is_floating_point() and value.dtype != torch.bool:
+                index_masks[key] = _as_mask(value, num_nodes, f"data.{key}", node_data)
+                del graph[key]
+        for split in _SPLITS:
+            nodes = getattr(node_data, f"input_{split}_nodes", None)
+            if nodes is None:
+                continue
+            key = f"{split}_mask"
+            mask = _as_mask(nodes, num_nodes, f"input_{split}_nodes", node_data)
+            if key not in graph:
+                graph[key] = mask
+            elif not torch.equal(graph[key].bool(), mask):
+                # PyG's full loader never reads input nodes: its batch is the whole graph and
+                # the LightningModule picks the nodes itself, so data's own mask is kept.
+                warnings.warn(
+                    f"input_{split}_nodes differs from data.{key}: with loader='full' PyG "
+                    f"hands the LightningModule the whole graph (batch.{key} is data.{key}) "
+                    f"and does not use input_{split}_nodes; FullGraphStrategy does the same. "
+                    f"Set data.{key} to the nodes you mean", stacklevel=3)
+        return graph, index_masks
+
+    @property
+    def data(self) -> Data:
+        r"""The global graph as given to ``LightningNodeData`` (e.g. to size a model).
+        Batches hold only the rank's partition."""
+        return self.node_data.data
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        r"""Loads this rank's partition and completes its batch as PyG's would look."""
+        first = self._local is None
+        super().setup(stage)
+        if not first:
+            return
+        local = self._local
+        owned = self.partition.owned_ids
+        for key, mask in self._index_masks.items():
+            local[key] = mask[owned].nonzero().view(-1)
+        graph = self.node_data.data
+        node_keys, edge_keys = _split_keys(graph)
+        for key in graph.keys():
+            if key in _OWN_KEYS or key in node_keys or key in edge_keys \
+                    or key in self._index_masks or key in local:
+                continue
+            value = graph[key]
+            if isinstance(value, torch.Tensor) or isinstance(value, (int, float, str, bool)):
+                local[key] = value
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.node_data.state_dict()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.node_data.load_state_dict(state_dict)
+
+
+def _split_keys(data: Data):
+    from ..partition.local import split_attr_keys
+    return split_attr_keys(data)

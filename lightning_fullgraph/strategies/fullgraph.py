@@ -4,6 +4,10 @@ The strategy is a small set of overrides of :class:`~lightning.pytorch.strategie
 (process launch, cluster environments, process group, barrier/broadcast/reduce and
 rank-zero checkpointing are inherited) around :class:`~lightning_fullgraph.engine.FullGraphEngine`:
 
+* ``setup_environment``: checks where the stage's data comes from before any data hook runs,
+  and puts a partitioning :class:`~lightning_fullgraph.data.datamodule.FullGraphNodeData` in
+  place of PyG's ``LightningNodeData(data, loader="full")``; anything else that would give
+  every rank the whole graph is refused with the fix;
 * ``setup``: takes the rank's partition from :class:`~lightning_fullgraph.FullGraphDataModule`,
   attaches the engine to the LightningModule (halo hooks, synchronized BatchNorm,
   aggregation kernels) instead of wrapping it in ``DistributedDataParallel``;
@@ -26,8 +30,9 @@ import os
 import re
 from datetime import timedelta
 from functools import partial
-from typing import Any, Iterable, Optional, Type
+from typing import Any, Iterable, Optional, Tuple, Type, Union
 
+import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
@@ -63,6 +68,15 @@ class FullGraphStrategy(DDPStrategy):
 
         trainer = Trainer(accelerator="cpu", devices=4, strategy=FullGraphStrategy())
         trainer.fit(module, datamodule=FullGraphDataModule(data))
+
+    or with the data module of a PyG script written for one device, which it partitions the
+    same way (see :class:`~lightning_fullgraph.data.datamodule.FullGraphNodeData`)::
+
+        trainer = Trainer(accelerator="cpu", devices=4, strategy="fullgraph")
+        trainer.fit(module, datamodule=LightningNodeData(data, loader="full"))
+
+    Dataloaders passed to ``fit`` (or defined by the LightningModule) and other data modules
+    would give every rank the whole graph and are refused, with the fix in the message.
 
     Args:
         loss_mask (str): Node mask over which the training loss is a mean
@@ -105,7 +119,9 @@ class FullGraphStrategy(DDPStrategy):
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                  sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
                  codec: Optional[Codec] = None, aggregation: str = "hybrid",
-                 timeout: Any = timedelta(minutes=5), startup_timeout: Any = timedelta(minutes=30),
+                 # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
+                 timeout: Union[float, timedelta] = timedelta(minutes=5),
+                 startup_timeout: Union[float, timedelta] = timedelta(minutes=30),
                  num_threads: Optional[int] = None,
                  log_communication: bool = True, **kwargs: Any) -> None:
         if loss_reduction not in ("mean", "sum"):
@@ -127,6 +143,9 @@ class FullGraphStrategy(DDPStrategy):
         self.num_threads = num_threads
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
+        # (the user's LightningNodeData, the FullGraphNodeData that replaces it): reused when
+        # the same data module comes back for validate/test/predict after fit.
+        self._taken_over: Optional[Tuple[Any, Any]] = None
         self._group: Optional[Any] = None
         self._signals: Optional[DeferredSignals] = None
 
@@ -140,6 +159,8 @@ class FullGraphStrategy(DDPStrategy):
             threads = self.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(threads)
         self._add_callbacks()
+        # Here, before the Trainer calls any data hook (prepare_data comes next).
+        self._take_over_data()
 
     def _add_callbacks(self) -> None:
         # Here, before Lightning restores a checkpoint, so that the random-state callback
@@ -161,15 +182,93 @@ class FullGraphStrategy(DDPStrategy):
             self._group = dist.new_group(timeout=self.collective_timeout)
         return self._group
 
+    # -- data --------------------------------------------------------------------------
+    def _take_over_data(self) -> None:
+        r"""Makes sure that every rank gets its own partition in the running stage.
+
+        Looks at where each dataloader of the stage comes from.  A data module with a
+        ``partition`` (:class:`~lightning_fullgraph.FullGraphDataModule`) is used as it is.  PyG's
+        ``LightningNodeData(data, loader="full")`` is replaced, for the Trainer, by a
+        :class:`~lightning_fullgraph.data.datamodule.FullGraphNodeData` over its graph and splits;
+        the replacement is attached as ``trainer.fit(datamodule=...)`` attaches one, so the
+        original's hooks never run, its ``prepare_data`` included, which refuses more than one
+        device because it would give each the whole graph.  Everything else (dataloaders passed
+        to ``fit``/``validate``/``test``/``predict``, a LightningModule's own ``*_dataloader``,
+        other data modules and loaders) would give every rank the whole graph: refused here,
+        before anything is partitioned or trained, with the fix in the message.
+
+        Raises:
+            RuntimeError: For data that does not come partitioned.
+        """
+        module = self.lightning_module
+        trainer = getattr(module, "trainer", None) if module is not None else None
+        if trainer is None or getattr(trainer, "state", None) is None:
+            return
+        call = f"trainer.{getattr(trainer.state.fn, 'value', 'fit')}"
+        for hook, source in compat.stage_data_sources(trainer).items():
+            instance = source.instance
+            if instance is None or hasattr(instance, "partition"):
+                continue
+            if isinstance(instance, pl.LightningModule):
+                if source.is_defined():
+                    raise RuntimeError(_data_error(
+                        f"the LightningModule defines {hook}(), whose batches would be the "
+                        "whole graph on every rank",
+                        f"remove it and pass the graph as {call}(module, datamodule="
+                        "FullGraphDataModule(data))"))
+                continue  # no such loader; Lightning says so itself if one is needed
+            if not isinstance(instance, pl.LightningDataModule):
+                raise RuntimeError(_data_error(
+                    f"the {hook.replace('_dataloader', '')} dataloaders were passed to {call}() "
+                    "directly, and every rank would get the whole graph from them",
+                    f"pass the graph instead: {call}(module, datamodule="
+                    "FullGraphDataModule(data))"))
+            compat.attach_datamodule(trainer, module, self._partitioned(instance, call))
+
+    def _partitioned(self, datamodule: Any, call: str) -> Any:
+        r"""The partitioned replacement of PyG's ``LightningNodeData(loader="full")``."""
+        from torch_geometric.data.lightning import (LightningDataset, LightningLinkData,
+                                                    LightningNodeData)
+        name = type(datamodule).__name__
+        if isinstance(datamodule, (LightningDataset, LightningLinkData)):
+            what = "batches of whole graphs" if isinstance(datamodule, LightningDataset) \
+                else "edges as training examples"
+            raise RuntimeError(_data_error(
+                f"{name} serves {what}, and FullGraphStrategy partitions one graph for node-level "
+                "training (its loss is weighted by each rank's share of train_mask)",
+                "train it with strategy='ddp'; for node classification on one large graph use "
+                f"{call}(module, datamodule=LightningNodeData(data, loader='full')) or "
+                "FullGraphDataModule(data)"))
+        if not isinstance(datamodule, LightningNodeData):
+            raise RuntimeError(_data_error(
+                f"{name} would give every rank the whole graph (it has no partition)",
+                f"{call}(module, datamodule=FullGraphDataModule(data)) with your PyG Data (or a "
+                "dataset name, or a partition directory), or LightningNodeData(data, "
+                "loader='full'), which the strategy partitions"))
+        if datamodule.loader != "full":
+            raise RuntimeError(_data_error(
+                f"{name}(loader={datamodule.loader!r}) samples neighbourhood mini-batches from "
+                "the whole graph on every rank",
+                f"use {name}(data, loader='full'), which the strategy partitions for full-graph "
+                "training (or FullGraphDataModule(data)); for mini-batches keep "
+                f"loader={datamodule.loader!r} with strategy='ddp'"))
+        if self._taken_over is None or self._taken_over[0] is not datamodule:
+            from ..data.datamodule import FullGraphDataModule
+            self._taken_over = (datamodule, FullGraphDataModule.from_node_data(datamodule))
+            log.info("FullGraphStrategy: %s(loader='full') is trained partitioned: every rank "
+                     "gets its own part of the graph", name)
+        return self._taken_over[1]
+
     # -- model -------------------------------------------------------------------------
     def setup(self, trainer) -> None:
         datamodule = trainer.datamodule
         partition = getattr(datamodule, "partition", None)
         if partition is None:
-            raise RuntimeError(
-                "FullGraphStrategy needs its data from FullGraphDataModule: call "
-                "trainer.fit(module, datamodule=FullGraphDataModule(data)); dataloaders "
-                "passed directly would give every rank the whole graph")
+            raise RuntimeError(_data_error(
+                "trainer.datamodule has no partition" if datamodule is not None
+                else "no data module was given",
+                "call trainer.fit(module, datamodule=FullGraphDataModule(data)); dataloaders "
+                "passed directly would give every rank the whole graph"))
         if partition.num_parts != self.world_size:
             raise RuntimeError(f"partition has {partition.num_parts} parts but the world size "
                                f"is {self.world_size}")
@@ -308,6 +407,11 @@ class FullGraphStrategy(DDPStrategy):
             strategy_registry.register(
                 "fullgraph_spawn", cls, description="FullGraphStrategy with spawned processes",
                 start_method="spawn")
+
+
+def _data_error(problem: str, fix: str) -> str:
+    return ("FullGraphStrategy needs its data from FullGraphDataModule (or PyG's "
+            f"LightningNodeData(data, loader='full'), which it partitions): {problem}. Fix: {fix}.")
 
 
 def _timedelta(value: Any, name: str) -> timedelta:
