@@ -26,7 +26,7 @@ import time
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -46,7 +46,7 @@ def disabled_by_env() -> bool:
     return os.environ.get(_ENV_NO_EXT, "0").lower() not in ("", "0", "false", "no")
 
 
-def source_dir() -> Optional[Path]:
+def source_dir(sources: Sequence[str] = _SOURCES) -> Optional[Path]:
     """Directory holding the C++ sources, or ``None`` when they cannot be found.
 
     The sources live in the top-level ``csrc/`` of a source/editable checkout
@@ -60,7 +60,7 @@ def source_dir() -> Optional[Path]:
     if (repo / "pyproject.toml").is_file():
         candidates.insert(0, repo / "csrc")
     for cand in candidates:
-        if all((cand / s).is_file() for s in _SOURCES):
+        if all((cand / s).is_file() for s in sources):
             return cand
     return None
 
@@ -80,15 +80,16 @@ def _cpu_tag() -> str:
     return platform.machine() + hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
-def _files(src: Path) -> List[str]:
-    """Names of the files compiled (``_SOURCES``) or included (``*.h``) from ``src``."""
-    return list(_SOURCES) + sorted(p.name for p in src.glob("*.h") if p.is_file())
+def _files(src: Path, sources: Sequence[str] = _SOURCES) -> List[str]:
+    """Names of the files compiled (``sources``) or included (``*.h``) from ``src``."""
+    return list(sources) + sorted(p.name for p in src.glob("*.h") if p.is_file())
 
 
-def build_dir(src: Path) -> Path:
-    """Persistent build directory for the given source directory."""
+def build_dir(src: Path, sources: Sequence[str] = _SOURCES) -> Path:
+    """Persistent build directory for the given source directory (and compiled sources:
+    other extensions, e.g. :mod:`.cpp_quantize`, pass theirs)."""
     h = hashlib.sha256()
-    for s in _files(src):
+    for s in _files(src, sources):
         h.update(s.encode() + b"\0")
         h.update((src / s).read_bytes())
     h.update(torch.__version__.encode())
@@ -97,7 +98,7 @@ def build_dir(src: Path) -> Path:
     return root / "ext" / h.hexdigest()[:16]
 
 
-def _stage_sources(src: Path, bdir: Path) -> List[Path]:
+def _stage_sources(src: Path, bdir: Path, sources: Sequence[str] = _SOURCES) -> List[Path]:
     """Copy the sources into ``bdir/src`` and return the paths to compile.
 
     ninja rebuilds when a compile command changes, and the command names the source path:
@@ -110,7 +111,7 @@ def _stage_sources(src: Path, bdir: Path) -> List[Path]:
     """
     staged = bdir / "src"
     staged.mkdir(parents=True, exist_ok=True)
-    for name in _files(src):
+    for name in _files(src, sources):
         data = (src / name).read_bytes()
         dst = staged / name
         if dst.is_file() and dst.read_bytes() == data:
@@ -118,7 +119,7 @@ def _stage_sources(src: Path, bdir: Path) -> List[Path]:
         tmp = staged / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
         tmp.write_bytes(data)
         os.replace(tmp, dst)
-    return [staged / s for s in _SOURCES]
+    return [staged / s for s in sources]
 
 
 def _cflags() -> List[str]:

@@ -6,6 +6,8 @@ follows from the :class:`WireContext` that both ends share (exchange point, dire
 seed).  Nothing computed by the sender's ``encode`` is handed to the receiver's ``decode``.
 """
 from .base import Codec, WireContext
+from .bfloat16 import BFloat16Codec
 from .identity import IdentityCodec
+from .quantized import QuantizedCodec
 
-__all__ = ["Codec", "WireContext", "IdentityCodec"]
+__all__ = ["Codec", "WireContext", "IdentityCodec", "QuantizedCodec", "BFloat16Codec"]

@@ -1,0 +1,304 @@
+// CPU kernels of the per-row min-max quantization codec (QuantizedCodec).
+//
+// The wire format, the rounding rule and the counter-based random numbers are specified in
+// lightning_fullgraph/engine/codecs/quantize.py; the pure-PyTorch reference there and the
+// Triton twin (lightning_fullgraph/kernels/triton_quantize.py) produce the same bytes.
+//
+// Design (why):
+//  * Bit-exact with the reference: every float step is one IEEE float32 operation in the
+//    reference's order, and the library is built with -ffp-contract=off (the loader's
+//    flags), so "Z + q * S" is never fused into an FMA; no -ffast-math (floor, the NaN test
+//    and the -0.0 canonicalization depend on IEEE semantics).
+//  * One pass over memory per row: the row (a few hundred bytes) is scanned once for
+//    min / max / NaN, then again from L1 to quantize and pack.
+//  * Vectorizable loops: the min/max scan is an OpenMP simd reduction (a float min/max
+//    reduction would otherwise need -ffast-math to vectorize); the random
+//    numbers are 32-bit integer hashes (vpmulld), and codes are computed into a small
+//    per-thread buffer before a separate packing loop, so both loops have no carried
+//    dependency.
+//  * OpenMP over rows, static schedule (rows cost the same); small inputs stay on one
+//    thread because a fork/join costs more than they do.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+constexpr int64_t kHeader = 8;
+constexpr uint32_t kRowMul = 0x9E3779B9u;
+constexpr uint32_t kColMul = 0x7FEB352Du;
+constexpr uint32_t kFmix1 = 0x85EBCA6Bu;
+constexpr uint32_t kFmix2 = 0xC2B2AE35u;
+constexpr uint32_t kNanBits = 0x7FC00000u;
+constexpr float kMinScale = 1.17549435e-38f;  // 2^-126, the smallest normal float
+constexpr int64_t kChunk = 256;  // features per code buffer (a multiple of 8)
+
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= kFmix1;
+  h ^= h >> 13;
+  h *= kFmix2;
+  h ^= h >> 16;
+  return h;
+}
+
+inline float bits_to_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+int num_threads() { return std::max(1, at::get_num_threads()); }
+
+struct Header {
+  bool bad;     // the row holds NaN or +-inf, or its range overflows: NaN header, zero codes
+  float zero;   // Z used to compute codes (0 for a non-finite row)
+  float inv;    // 1 / S (0 for a constant or non-finite row)
+  float head_zero, head_scale;  // what the header carries
+};
+
+inline Header row_header(const float* __restrict x, int64_t f, int bits) {
+  float lo = std::numeric_limits<float>::infinity();
+  float hi = -std::numeric_limits<float>::infinity();
+  int32_t any_nan = 0;
+  // An OpenMP simd reduction vectorizes the min/max scan without -ffast-math; the order it
+  // combines lanes in does not matter: NaN is tested apart and zeros are canonicalized below.
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(| : any_nan)
+  for (int64_t j = 0; j < f; ++j) {
+    const float v = x[j];
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+    any_nan |= (v != v);
+  }
+  // + 0.0f: -0.0 becomes +0.0, whichever of two zeros the scan happened to keep.
+  const float zero = lo + 0.0f;
+  const float top = hi + 0.0f;
+  const float span = top - zero;
+  const float levels = static_cast<float>((1 << bits) - 1);
+  Header h;
+  h.bad = any_nan || !std::isfinite(span);
+  if (h.bad) {
+    h.zero = 0.0f;
+    h.inv = 0.0f;
+    h.head_zero = h.head_scale = bits_to_float(kNanBits);
+    return h;
+  }
+  float scale = span / levels;
+  if (scale < kMinScale) scale = 0.0f;
+  h.zero = zero;
+  h.inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  h.head_zero = zero;
+  h.head_scale = scale;
+  return h;
+}
+
+// Codes of features [c0, c0 + n) of one row into codes[0, n).
+template <int BITS, bool STOCH>
+inline void row_codes(const float* __restrict x, int64_t c0, int64_t n, const Header& h, uint32_t row_key,
+                      uint8_t* __restrict codes) {
+  constexpr int kLevels = (1 << BITS) - 1;
+  const float zero = h.zero, inv = h.inv;
+  const uint32_t base = static_cast<uint32_t>(c0);
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = (x[c0 + j] - zero) * inv;
+    // t >= 0 (and small), so truncation is floor: a vector conversion, where std::floor
+    // would keep GCC from vectorizing the loop without -ffast-math.
+    int32_t q = static_cast<int32_t>(t);
+    const float frac = t - static_cast<float>(q);  // exact
+    if (STOCH) {
+      const uint32_t hash = fmix32(row_key ^ ((base + static_cast<uint32_t>(j)) * kColMul));
+      const float u = static_cast<float>(hash >> 8) * 5.9604644775390625e-8f;  // 2^-24
+      q += (u < frac) ? 1 : 0;
+    } else {
+      q += (frac >= 0.5f) ? 1 : 0;
+    }
+    q = q > kLevels ? kLevels : q;  // t may round past L at the row's maximum
+    codes[j] = static_cast<uint8_t>(q);
+  }
+}
+
+template <int BITS, bool STOCH>
+void encode_rows(const float* x, int64_t r0, int64_t r1, int64_t f, int64_t width, uint32_t k0,
+                 uint32_t k1, uint8_t* wire) {
+  constexpr int kPer = 8 / BITS;
+  alignas(64) uint8_t codes[kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * f;
+    uint8_t* wr = wire + r * width;
+    const Header h = row_header(xr, f, BITS);
+    std::memcpy(wr, &h.head_zero, 4);
+    std::memcpy(wr + 4, &h.head_scale, 4);
+    const uint32_t row_key = fmix32(static_cast<uint32_t>(r) * kRowMul + k0) ^ k1;
+    uint8_t* packed = wr + kHeader;
+    if (h.bad) {  // (x - 0) * 0 would be NaN for an infinite entry: no codes to compute
+      std::memset(packed, 0, width - kHeader);
+      continue;
+    }
+    for (int64_t c0 = 0; c0 < f; c0 += kChunk) {
+      const int64_t n = std::min(kChunk, f - c0);
+      row_codes<BITS, STOCH>(xr, c0, n, h, row_key, codes);
+      uint8_t* dst = packed + c0 / kPer;  // c0 is a multiple of kChunk, hence of kPer
+      if (kPer == 1) {
+        std::memcpy(dst, codes, n);
+        continue;
+      }
+      const int64_t full = n / kPer;
+      for (int64_t k = 0; k < full; ++k) {
+        uint32_t byte = 0;
+        for (int i = 0; i < kPer; ++i) byte |= static_cast<uint32_t>(codes[k * kPer + i]) << (i * BITS);
+        dst[k] = static_cast<uint8_t>(byte);
+      }
+      if (full * kPer < n) {  // the last, partial byte: its unused high bits stay zero
+        uint32_t byte = 0;
+        for (int64_t i = 0; full * kPer + i < n; ++i)
+          byte |= static_cast<uint32_t>(codes[full * kPer + i]) << (i * BITS);
+        dst[full] = static_cast<uint8_t>(byte);
+      }
+    }
+  }
+}
+
+// The codes of every byte value, one per byte: unpacking is one table load and one small
+// store per packed byte (a shift-and-mask loop over 1- or 2-bit fields does not vectorize
+// and costs more than the float conversion that follows).
+template <int BITS>
+struct Unpack {
+  static constexpr int kPer = 8 / BITS;
+  alignas(64) uint8_t table[256][8];
+  Unpack() {
+    for (int b = 0; b < 256; ++b)
+      for (int i = 0; i < 8; ++i) table[b][i] = i < kPer ? static_cast<uint8_t>((b >> (i * BITS)) & ((1 << BITS) - 1)) : 0;
+  }
+};
+
+template <int BITS>
+void decode_rows(const uint8_t* wire, int64_t r0, int64_t r1, int64_t f, int64_t width, float* out) {
+  constexpr int kPer = 8 / BITS;
+  static const Unpack<BITS> unpack;  // built once (thread-safe static initialization)
+  alignas(64) uint8_t codes[kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* wr = wire + r * width;
+    float zero, scale;
+    std::memcpy(&zero, wr, 4);
+    std::memcpy(&scale, wr + 4, 4);
+    const uint8_t* packed = wr + kHeader;
+    float* outr = out + r * f;
+    for (int64_t c0 = 0; c0 < f; c0 += kChunk) {
+      const int64_t n = std::min(kChunk, f - c0);
+      const uint8_t* src = packed + c0 / kPer;
+      const uint8_t* cs = src;
+      if (kPer != 1) {
+        const int64_t nb = (n + kPer - 1) / kPer;
+        for (int64_t k = 0; k < nb; ++k) std::memcpy(codes + k * kPer, unpack.table[src[k]], kPer);
+        cs = codes;
+      }
+      float* o = outr + c0;
+      // A product, then a sum (no FMA: built with -ffp-contract=off), as the reference.
+      for (int64_t j = 0; j < n; ++j) {
+        const float prod = static_cast<float>(cs[j]) * scale;
+        o[j] = prod + zero;
+      }
+    }
+  }
+}
+
+template <typename Fn>
+void over_rows(int64_t n, int64_t f, Fn fn) {
+  // Below ~64K elements one thread is faster than a fork/join.
+  const int nt = num_threads();
+  const bool parallel = n * std::max<int64_t>(f, 1) > (int64_t(1) << 16) && nt > 1 && n > 1;
+  if (!parallel) {
+    fn(0, n);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+#ifdef _OPENMP
+    const int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+#else
+    const int64_t t = 0, p = 1;
+#endif
+    const int64_t r0 = n * t / p, r1 = n * (t + 1) / p;
+    if (r0 < r1) fn(r0, r1);
+  }
+}
+
+template <int BITS>
+void encode_dispatch(const float* x, int64_t n, int64_t f, int64_t width, bool stochastic, uint32_t k0,
+                     uint32_t k1, uint8_t* wire) {
+  over_rows(n, f, [&](int64_t r0, int64_t r1) {
+    if (stochastic)
+      encode_rows<BITS, true>(x, r0, r1, f, width, k0, k1, wire);
+    else
+      encode_rows<BITS, false>(x, r0, r1, f, width, k0, k1, wire);
+  });
+}
+
+}  // namespace
+
+// rows: float32 [R, F] (made contiguous); returns uint8 [R, 8 + ceil(F * bits / 8)].
+torch::Tensor quantize(const torch::Tensor& rows, int64_t bits, bool stochastic, int64_t k0, int64_t k1) {
+  TORCH_CHECK_VALUE(bits == 1 || bits == 2 || bits == 4 || bits == 8, "quantize: bits must be 1, 2, 4 or 8, got ",
+                    bits);
+  TORCH_CHECK_VALUE(rows.dim() == 2, "quantize: rows must be 2-D, got ", rows.dim(), "-D");
+  TORCH_CHECK_VALUE(rows.scalar_type() == at::kFloat, "quantize: rows must be float32");
+  TORCH_CHECK_VALUE(rows.device().is_cpu(), "quantize: rows must be on the CPU");
+  const auto x = rows.contiguous();
+  const int64_t n = x.size(0), f = x.size(1);
+  const int64_t width = kHeader + (f * bits + 7) / 8;
+  auto wire = torch::empty({n, width}, x.options().dtype(at::kByte));
+  if (n == 0) return wire;
+  if (f == 0) return wire.zero_();
+  const auto u0 = static_cast<uint32_t>(static_cast<uint64_t>(k0));
+  const auto u1 = static_cast<uint32_t>(static_cast<uint64_t>(k1));
+  const float* xp = x.data_ptr<float>();
+  uint8_t* wp = wire.data_ptr<uint8_t>();
+  switch (bits) {
+    case 1: encode_dispatch<1>(xp, n, f, width, stochastic, u0, u1, wp); break;
+    case 2: encode_dispatch<2>(xp, n, f, width, stochastic, u0, u1, wp); break;
+    case 4: encode_dispatch<4>(xp, n, f, width, stochastic, u0, u1, wp); break;
+    default: encode_dispatch<8>(xp, n, f, width, stochastic, u0, u1, wp); break;
+  }
+  return wire;
+}
+
+// wire: uint8 [R, 8 + ceil(F * bits / 8)]; returns float32 [R, F].
+torch::Tensor dequantize(const torch::Tensor& wire, int64_t bits, int64_t f) {
+  TORCH_CHECK_VALUE(bits == 1 || bits == 2 || bits == 4 || bits == 8, "dequantize: bits must be 1, 2, 4 or 8, got ",
+                    bits);
+  const int64_t width = kHeader + (f * bits + 7) / 8;
+  TORCH_CHECK_VALUE(wire.dim() == 2 && wire.scalar_type() == at::kByte && wire.size(1) == width,
+                    "dequantize: expected uint8 wire rows of ", width, " bytes (", f, " features at ", bits,
+                    " bits), got ", wire.sizes(), " ", wire.scalar_type());
+  TORCH_CHECK_VALUE(wire.device().is_cpu(), "dequantize: wire must be on the CPU");
+  const auto w = wire.contiguous();
+  const int64_t n = w.size(0);
+  auto out = torch::empty({n, f}, w.options().dtype(at::kFloat));
+  if (n == 0 || f == 0) return out;
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  over_rows(n, f, [&](int64_t r0, int64_t r1) {
+    switch (bits) {
+      case 1: decode_rows<1>(wp, r0, r1, f, width, op); break;
+      case 2: decode_rows<2>(wp, r0, r1, f, width, op); break;
+      case 4: decode_rows<4>(wp, r0, r1, f, width, op); break;
+      default: decode_rows<8>(wp, r0, r1, f, width, op); break;
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("quantize", &quantize, "per-row min-max quantization into wire rows (rows, bits, stochastic, k0, k1)");
+  m.def("dequantize", &dequantize, "wire rows back to float32 rows (wire, bits, num_features)");
+}

@@ -1,0 +1,102 @@
+"""JIT build and loading of the C++/OpenMP quantization kernels (``csrc/quantize.cpp``).
+
+The same mechanism as :mod:`.cpp` (one persistent build directory keyed by the source, the
+torch version and the host CPU; sources staged into it; ``with_cuda=False``; one line on
+stderr while compiling), for a separate, small extension: the codec kernels build in a few
+seconds and never force a rebuild of the aggregation kernels.  It differs in one flag:
+``-ffp-contract=off``, because the wire bytes and decoded rows must equal the pure-PyTorch
+reference bit for bit, and a fused multiply-add rounds once where the reference rounds twice.
+
+When the source is missing, no compiler is available, or ``LIGHTNING_FULLGRAPH_NO_EXT=1`` is
+set, :func:`load` returns ``None`` after a single warning and the codec uses the reference
+(:mod:`lightning_fullgraph.engine.codecs.quantize`).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from types import ModuleType
+from typing import List, Optional
+
+from . import cpp
+
+__all__ = ["load", "is_available"]
+
+_SOURCES = ("quantize.cpp",)
+_NAME = "lightning_fullgraph_cpu_quantize"
+
+_lock = threading.Lock()
+_module: Optional[ModuleType] = None
+_failed = False
+
+
+def _cflags() -> List[str]:
+    # The aggregation flags (-O3, OpenMP, -march=native), but no FMA contraction.
+    return [f for f in cpp._cflags() if not f.startswith("-ffp-contract")] + ["-ffp-contract=off"]
+
+
+def load(verbose: bool = False) -> Optional[ModuleType]:
+    """Return the compiled quantization extension, building it if needed; ``None`` if
+    unavailable (after one warning per process).
+
+    Args:
+        verbose: Print the compiler output.
+    """
+    global _module, _failed
+    if _module is not None:
+        return _module
+    if _failed:
+        return None
+    if cpp.disabled_by_env():
+        _failed = True
+        warnings.warn(f"lightning_fullgraph: {cpp._ENV_NO_EXT}=1 - C++ quantization kernels "
+                      "disabled; using the pure-PyTorch fallback.", RuntimeWarning, stacklevel=2)
+        return None
+    with _lock:
+        if _module is not None or _failed:
+            return _module
+        try:
+            src = cpp.source_dir(_SOURCES)
+            if src is None:
+                raise FileNotFoundError("C++ source (csrc/quantize.cpp) not found next to the "
+                                        "package")
+            bdir = cpp.build_dir(src, _SOURCES)
+            bdir.mkdir(parents=True, exist_ok=True)
+            sources = cpp._stage_sources(src, bdir, _SOURCES)
+            from torch.utils import cpp_extension
+
+            compiling = not (bdir / f"{_NAME}.so").is_file()
+            announce = compiling and cpp._is_local_rank_zero()
+            if announce:
+                cpp._note(f"compiling the C++ quantization kernels for this CPU (first use) "
+                          f"into {bdir} ...")
+            start = time.perf_counter()
+            _module = cpp_extension.load(
+                name=_NAME,
+                sources=[str(s) for s in sources],
+                extra_cflags=_cflags(),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(bdir),
+                with_cuda=False,
+                verbose=verbose,
+            )
+            if announce:
+                cpp._note(f"C++ quantization kernels compiled in "
+                          f"{time.perf_counter() - start:.0f} s (cached for later runs)")
+        except Exception as exc:  # compiler missing, ninja missing, build error, ...
+            _failed = True
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            warnings.warn(
+                "lightning_fullgraph: C++ quantization kernels unavailable "
+                f"({type(exc).__name__}: {first}); using the pure-PyTorch fallback.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+    return _module
+
+
+def is_available() -> bool:
+    """Whether the C++ quantization extension can be (or has been) loaded."""
+    return load() is not None
