@@ -13,7 +13,7 @@ wrap; it can equally be used in a hand-written training loop::
     engine.backward(loss)                      # exact global gradient on every rank
     optimizer.step()
 """
-from typing import Any, Iterable, Optional, Type
+from typing import Any, Iterable, Optional, Tuple, Type
 
 import torch
 from torch import Tensor
@@ -28,7 +28,21 @@ from .policy import ExchangePolicy
 from .static import StaticCache
 from .transport import Transport
 
-__all__ = ["FullGraphEngine"]
+__all__ = ["FullGraphEngine", "plan_levels"]
+
+
+def plan_levels(partition, plan) -> Optional[Tuple[Tensor, Tensor]]:
+    r"""Importance levels of a plan's post-channel rows: ``(rows sent, halo rows)``, from
+    the partition's boundary levels (``None`` for partitions without them)."""
+    if getattr(partition, "owned_level", None) is None:
+        return None
+    send = partition.owned_level[plan.post.send_index.cpu()]
+    n = partition.num_nodes
+    owners = torch.arange(partition.num_parts)
+    part_key = torch.repeat_interleave(owners, partition.halo_counts) * n + partition.halo_ids
+    plan_key = torch.repeat_interleave(owners, plan.post.recv_counts.cpu()) * n + plan.halo_ids
+    halo = partition.halo_level[torch.searchsorted(part_key, plan_key)]
+    return send, halo
 
 
 class FullGraphEngine:
@@ -72,6 +86,10 @@ class FullGraphEngine:
                                              seed)
                           for mode in dict.fromkeys(("post", aggregation))}
         self.exchange = self.exchanges["post"]
+        for exchange in self.exchanges.values():
+            levels = plan_levels(partition, exchange.plan)
+            if levels is not None:
+                exchange.set_levels(*levels)
         self.router = AggregationRouter(partition, self.exchanges, aggregation, group, timeout)
         self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
         self.loss_mask = loss_mask

@@ -17,7 +17,7 @@ The public entry points are excluded from ``torch.compile`` tracing (a graph bre
 compiled model exchanges rows exactly as an eager one.
 """
 import math
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -78,6 +78,9 @@ class HaloExchange:
         # mode no source row crosses the wire, in "post" no partial aggregate).
         self.post_empty = self.mode == "pre"
         self.pre_empty = self.mode == "post"
+        # Importance levels of the post channel's rows (set_levels), for per-node widths.
+        self.send_levels: Optional[Tensor] = None
+        self.halo_levels: Optional[Tensor] = None
         # Ranks this rank exchanges anything with (named when a collective fails).
         self.peers = tuple(r for r in range(world) if r != self.rank and (
             self._post_send[r] or self._post_recv[r] or self._pre_send[r] or self._pre_recv[r]))
@@ -128,6 +131,18 @@ class HaloExchange:
         for channel in (self.plan.post, self.plan.pre):
             channel.send_index = channel.send_index.to(device)
             channel.recv_index = channel.recv_index.to(device)
+        return self
+
+    def set_levels(self, send_levels: Tensor, halo_levels: Tensor) -> "HaloExchange":
+        r"""The importance level of every post-channel row: of the rows sent
+        (:math:`[S]`, in ``plan.post.send_index`` order) and of the halo rows received
+        (:math:`[H]`); a codec with per-node widths sizes each row by it."""
+        if send_levels.numel() != self.plan.post.num_send or \
+                halo_levels.numel() != self.num_halo:
+            raise ValueError(f"levels for {send_levels.numel()} sent and {halo_levels.numel()} "
+                             f"halo rows, but the plan has {self.plan.post.num_send} and "
+                             f"{self.num_halo}")
+        self.send_levels, self.halo_levels = send_levels, halo_levels
         return self
 
     # -- the two channels ----------------------------------------------------------------------
@@ -183,17 +198,37 @@ class HaloExchange:
 
     # -- one transfer ------------------------------------------------------------------------------
     def _send(self, rows: Tensor, send_counts: List[int], recv_counts: List[int], key: str,
-              direction: str) -> Tensor:
+              direction: str, levels: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
+        r"""Encodes, exchanges and decodes rows.  :obj:`levels` (of the rows sent, of the
+        rows received) lets a per-node codec give each row its own width: the rows then
+        travel as one byte stream whose per-peer sizes both ends compute from the levels."""
         shape = rows.shape[1:]
         flat = rows.reshape(rows.size(0), math.prod(shape))
         codec: Codec = self.policy.codec(key, direction)
         ctx = WireContext(key, direction, self.step, self.rank, flat.size(1), flat.dtype,
                           self.seed)
+        if levels is not None and getattr(codec, "per_node", False):
+            sent, received_levels = levels
+            f = flat.size(1)
+            stream = codec.encode_rows(flat, sent, ctx)
+            received = self.transport.exchange(
+                stream, codec.split_bytes(sent, send_counts, f),
+                codec.split_bytes(received_levels, recv_counts, f), key=key,
+                direction=direction, unit="bytes", rows=(sum(send_counts), sum(recv_counts)))
+            out = codec.decode_rows(received, received_levels, ctx)
+            return out.reshape((out.size(0), ) + tuple(shape))
         wire = codec.encode(flat, ctx)
         received = self.transport.exchange(wire, send_counts, recv_counts, key=key,
                                            direction=direction)
         out = codec.decode(received, ctx)
         return out.reshape((out.size(0), ) + tuple(shape))
+
+    def _post_levels(self, direction: str) -> Optional[Tuple[Tensor, Tensor]]:
+        if self.send_levels is None:
+            return None
+        if direction == "forward":
+            return self.send_levels, self.halo_levels
+        return self.halo_levels, self.send_levels  # gradients flow back to the owners
 
 
 class _HaloRows(torch.autograd.Function):
@@ -205,7 +240,8 @@ class _HaloRows(torch.autograd.Function):
         if ex.post_empty:
             return x_own.clone()
         send = x_own.index_select(0, ex.plan.post.send_index)
-        halo = ex._send(send, ex._post_send, ex._post_recv, key, "forward")
+        halo = ex._send(send, ex._post_send, ex._post_recv, key, "forward",
+                        ex._post_levels("forward"))
         return torch.cat([x_own, halo.to(x_own.dtype)], dim=0)
 
     @staticmethod
@@ -215,7 +251,7 @@ class _HaloRows(torch.autograd.Function):
             return grad_out, None, None
         grad_own = grad_out[:ex.num_owned].clone()
         grad_halo = ex._send(grad_out[ex.num_owned:].contiguous(), ex._post_recv, ex._post_send,
-                             ctx.key, "backward")
+                             ctx.key, "backward", ex._post_levels("backward"))
         grad_own.index_add_(0, ex.plan.post.send_index, grad_halo.to(grad_own.dtype))
         return grad_own, None, None
 

@@ -34,11 +34,15 @@ __all__ = [
 
 #: Version of :meth:`LocalPartition.to_dict`; bump on incompatible changes.
 #: 2: outgoing cut edges and hybrid pre/post decisions (aggregation plans).
-LOCAL_FORMAT_VERSION = 2
+#: 3: importance levels of boundary nodes (owned_level, halo_level) for per-node bit widths.
+LOCAL_FORMAT_VERSION = 3
+
+#: Importance levels of boundary nodes (SYLVIE's data-adaptive bit width: quartiles).
+NUM_LEVELS = 4
 
 _TENSOR_FIELDS = ("owned_ids", "halo_ids", "halo_counts", "send_index", "send_counts",
                   "edge_index", "edge_ids", "in_pre", "out_edge_ids", "out_src", "out_dst",
-                  "out_dst_rank", "out_pre", "out_dst_in_degree")
+                  "out_dst_rank", "out_pre", "out_dst_in_degree", "owned_level", "halo_level")
 _INT_FIELDS = ("rank", "num_parts", "num_nodes", "num_edges")
 
 
@@ -93,6 +97,16 @@ class LocalPartition:
         out_edge_attrs (Dict[str, torch.Tensor]): Edge-level attributes of the
             outgoing cut edges (same keys as :obj:`edge_attrs`), first
             dimension :math:`E_{out}`.
+        owned_level (torch.Tensor): int8 :math:`[N_{own}]`, importance level
+            :math:`0..3` of every owned *boundary* node (a node some other rank
+            receives as a halo row), ``-1`` for the others: the quartile of its
+            global in-degree among all boundary nodes of the graph (SYLVIE §IV-A:
+            :math:`k_v = \lceil 4 p_v \rceil - 1`, :math:`p_v` the fraction of
+            boundary nodes whose in-degree is :math:`\le d_v`). Sender and receiver
+            of a row both know its level, so per-node bit widths need no
+            communication.
+        halo_level (torch.Tensor): int8 :math:`[N_{halo}]`, the level of every
+            halo node (same definition).
     """
     rank: int
     num_parts: int
@@ -118,6 +132,8 @@ class LocalPartition:
     out_pre: Optional[Tensor] = None
     out_dst_in_degree: Optional[Tensor] = None
     out_edge_attrs: Dict[str, Tensor] = field(default_factory=dict)
+    owned_level: Optional[Tensor] = None
+    halo_level: Optional[Tensor] = None
     _plans: Dict[str, AggregationPlan] = field(default_factory=dict, init=False,
                                                repr=False, compare=False)
 
@@ -296,6 +312,31 @@ class _Plan:
         self.out_perm = out[torch.argsort(out_part, stable=True)]
         self.out_ptr = _ptr(torch.bincount(out_part, minlength=P))
         self.in_degree = torch.bincount(self.dst, minlength=N)
+        self.level = boundary_levels(self.in_degree, self.halo_node)
+
+
+def boundary_levels(in_degree: Tensor, boundary: Tensor, levels: int = NUM_LEVELS) -> Tensor:
+    r"""Importance level of every node: the quantile (of :obj:`levels`) of its global
+    in-degree among the boundary nodes, ``-1`` for nodes that are never sent.
+
+    Args:
+        in_degree (torch.Tensor): Global in-degree of every node :math:`[N]`.
+        boundary (torch.Tensor): Ids of the boundary nodes (any order, repeats allowed).
+        levels (int): Number of levels (4: quartiles).
+
+    Returns:
+        int8 :math:`[N]`; equal in-degrees get equal levels, the largest gets
+        ``levels - 1``.
+    """
+    out = torch.full((in_degree.numel(), ), -1, dtype=torch.int8)
+    nodes = torch.unique(boundary)
+    if nodes.numel() == 0:
+        return out
+    pool = torch.sort(in_degree[nodes]).values
+    # p_v = |{u in pool: d_u <= d_v}| / |pool|  (the empirical CDF; max degree -> 1)
+    p = torch.searchsorted(pool, in_degree[nodes], right=True).double() / pool.numel()
+    out[nodes] = (torch.ceil(p * levels) - 1).clamp(0, levels - 1).to(torch.int8)
+    return out
 
 
 def _ptr(counts: Tensor) -> Tensor:
@@ -406,6 +447,7 @@ def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = Non
             out_dst=out_dst, out_dst_rank=parts[out_dst], out_pre=cover.pre[out_ids],
             out_dst_in_degree=plan.in_degree[out_dst],
             out_edge_attrs={k: data[k][out_ids] for k in edge_keys},
+            owned_level=plan.level[owned], halo_level=plan.level[halo_ids],
         )
 
 

@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 
 #: On-disk format version; readers refuse other versions.
 #: 2: outgoing cut edges, hybrid pre/post decisions, per-mode stats.
-FORMAT_VERSION = 2
+#: 3: importance levels of boundary nodes in every rank's file.
+FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 #: Environment variable overriding the default cache root.
 CACHE_ENV = "LIGHTNING_FULLGRAPH_CACHE"

@@ -130,3 +130,26 @@ def test_bad_inputs(make_graph):
     bad.edge_index[0, 0] = data.num_nodes
     with pytest.raises(ValueError, match="outside"):
         build_local_partitions(bad, torch.zeros(data.num_nodes, dtype=torch.long))
+
+
+def test_boundary_levels_are_global_in_degree_quartiles_known_to_both_ends():
+    from lightning_fullgraph.partition.local import boundary_levels
+    deg = torch.tensor([5, 1, 1, 9, 3, 0, 7, 2])
+    level = boundary_levels(deg, torch.tensor([0, 1, 2, 3, 4, 6, 6, 7]))
+    # pool degrees sorted: 1 1 2 3 5 7 9 -> ECDF p = 2/7 (deg 1), 3/7, 4/7, 5/7, 6/7, 1
+    assert level.tolist() == [2, 1, 1, 3, 2, -1, 3, 1]
+    assert boundary_levels(deg, torch.zeros(0, dtype=torch.long)).eq(-1).all()
+
+    g = torch.Generator().manual_seed(0)
+    data = Data(edge_index=torch.randint(0, 60, (2, 300), generator=g), num_nodes=60)
+    parts = torch.arange(data.num_nodes) % 3
+    locals_ = build_local_partitions(data, parts)
+    owned_level = torch.full((data.num_nodes, ), -2, dtype=torch.int8)
+    for p in locals_:
+        owned_level[p.owned_ids] = p.owned_level
+    for p in locals_:
+        # The receiver's level of each halo row is the sender's level of that node.
+        assert torch.equal(p.halo_level, owned_level[p.halo_ids])
+        assert (p.halo_level >= 0).all()
+        sent = p.send_index
+        assert (p.owned_level[sent] >= 0).all()

@@ -443,18 +443,18 @@ def test_old_format_artifacts_are_refused_with_re_partition(saved):
     torch.save(state, path / "part-0-of-3.pt")
     _set_manifest_digest(path, "part-0-of-3.pt")
     with pytest.raises(PartitionFormatError,
-                       match="format version 1 .*reads version 2.*re-partition"):
+                       match="format version 1 .*reads version 3.*re-partition"):
         load_partition(path, 0)
     # A version-1 manifest.
     m = json.loads((path / "manifest.json").read_text())
     m["format_version"] = 1
     (path / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(PartitionFormatError,
-                       match="format version 1 but this library reads version 2; "
+                       match="format version 1 but this library reads version 3; "
                              "re-partition the graph"):
         load_partition(path, 1)
     # partition_graph does not reuse it.
-    assert FORMAT_VERSION == 2
+    assert FORMAT_VERSION == 3
 
 
 def test_loaded_partitions_carry_cut_edges_and_plans(saved):
@@ -465,7 +465,7 @@ def test_loaded_partitions_carry_cut_edges_and_plans(saved):
         cut_cover,
     )
     data, path = saved
-    assert LOCAL_FORMAT_VERSION == 2
+    assert LOCAL_FORMAT_VERSION == 3
     loaded = [load_partition(path, r, num_parts=3) for r in range(3)]
     parts = torch.empty(data.num_nodes, dtype=torch.long)
     for lp in loaded:
