@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how cut edges of GCN/SAGE/GIN-like layers cross the wire: 'post' "
                         "sends source rows, 'pre' partial aggregates, 'hybrid' the smaller "
                         "mix per rank pair (default; all three are exact)")
+    t.add_argument("--codec", default="fp32",
+                   choices=["fp32", "bf16", "int8", "int4", "int2", "int1", "int2-nearest",
+                            "adaptive"],
+                   help="wire format of halo rows and gradients (default fp32: exact; the "
+                        "others are lossy: rows quantized per row with scale and zero point "
+                        "on the wire, stochastic rounding unless '-nearest'; 'adaptive': "
+                        "per-node widths 1-8 by global in-degree quartile)")
     t.add_argument("--timeout", type=float, default=300.0,
                    help="collective timeout in seconds: a rank waiting longer for a stuck "
                         "peer stops with an error naming the exchange (default: 300)")
@@ -140,6 +147,9 @@ def _add_plan_parser(sub) -> None:
     q.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw bytes, time and memory against the part count (needs "
                         "matplotlib: pip install 'lightning-fullgraph[plot]')")
+    q.add_argument("--codec", default="fp32",
+                   choices=["fp32", "bf16", "int8", "int4", "int2", "int1"],
+                   help="wire format of the halo rows whose bytes are predicted (default fp32)")
     q.add_argument("--json", action="store_true", help="print only JSON on stdout")
     q.add_argument("--cache-dir", default=None, help="partition cache root")
     q.add_argument("--seed", type=int, default=0, help="METIS seed")
@@ -188,7 +198,7 @@ def _plan(args) -> int:
     result = plan_sweep(data, args.parts, dataset=args.dataset, model=args.model,
                         hidden=args.hidden, layers=args.layers, dropout=args.dropout,
                         modes=modes, hosts=args.hosts, link=link, cache_dir=args.cache_dir,
-                        seed=args.seed, progress=say)
+                        seed=args.seed, codec=args.codec, progress=say)
     if args.plot:
         from .planner.plot import plot_sweep
         result["plot"] = str(plot_sweep(result, args.plot))
@@ -240,7 +250,7 @@ def _train(args) -> int:
                                          transform=_feature_transform(args))
         kernels = None if args.kernels == "pyg" else args.kernels
         strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
-                                     aggregation=args.aggregation,
+                                     aggregation=args.aggregation, codec=args.codec,
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
         num_features = num_classes = None  # sized from the partitions in configure_model
@@ -272,6 +282,7 @@ def _train(args) -> int:
         "dataset": args.dataset, "nodes": nodes, "model": args.model, "strategy": args.strategy,
         "processes": trainer.world_size, "epochs": args.epochs, "seed": args.seed,
         "aggregation": args.aggregation if args.strategy == "fullgraph" else None,
+        "codec": args.codec if args.strategy == "fullgraph" else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),

@@ -23,7 +23,9 @@ class CommunicationMonitor(Callback):
     the sent bytes that went to other machines), ``comm/exchange_s`` (seconds inside
     the exchange), ``comm/compute_s`` (rest of the training step), ``comm/step_s``
     (the whole training step: forward, backward, optimizer), and per layer
-    ``comm/layer/<name>_MB``.  ``comm/sent_MB`` also appears in the progress bar.
+    ``comm/layer/<name>_MB``, and ``comm/bits``, the bits per feature of the forward rows'
+    wire format (32 exact fp32, 16 bfloat16, 1-8 quantized).  ``comm/sent_MB`` also appears
+    in the progress bar, and ``comm/bits`` too when the codec is lossy.
     The last epoch's figures stay in :attr:`last` and, per rank, in
     :attr:`history` (one dictionary per epoch).
 
@@ -161,8 +163,15 @@ class CommunicationMonitor(Callback):
                 peak[names.index("comm/predicted_sent_MB")].item()
         if call_seconds is not None:
             metrics["comm/predicted_exchange_s"] = peak[len(names):].sum().item()
+        # The wire format in use, the same on every rank (set by the strategy's codec and
+        # changed only by callbacks that decide from all-reduced values): a lossy codec shows
+        # in the progress bar, never silently.
+        from ..engine.codecs.registry import wire_bits
+        metrics["comm/bits"] = wire_bits(engine.policy.codec("", "forward"))
+        lossy = not engine.policy.lossless
         self.last = metrics
         self.history.append(dict(local))
         for name, value in metrics.items():
-            pl_module.log(name, value, prog_bar=self.prog_bar and name == "comm/sent_MB",
+            shown = name == "comm/sent_MB" or (lossy and name == "comm/bits")
+            pl_module.log(name, value, prog_bar=self.prog_bar and shown,
                           on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False)

@@ -11,7 +11,7 @@ Example::
     policy = ExchangePolicy(points={"conv1.*": ExchangePolicy(backward=MyCodec())})
 """
 from fnmatch import fnmatchcase
-from typing import Mapping, Optional, Union
+from typing import Iterator, Mapping, Optional, Union
 
 from .codecs import Codec, IdentityCodec
 
@@ -44,15 +44,20 @@ class ExchangePolicy:
         self._identity = IdentityCodec()
 
     @classmethod
-    def of(cls, value: Union[None, "ExchangePolicy", Codec]) -> "ExchangePolicy":
-        r"""A policy from a policy, a codec (both directions) or :obj:`None` (exact)."""
+    def of(cls, value: Union[None, str, "ExchangePolicy", Codec]) -> "ExchangePolicy":
+        r"""A policy from a policy, a codec (both directions), a codec's name (``"int2"``,
+        ``"bf16"``, ...: :mod:`~.codecs.registry`) or :obj:`None` (exact)."""
         if value is None:
             return cls()
+        if isinstance(value, str):
+            from .codecs.registry import codec_from_name
+            return cls(codec_from_name(value))
         if isinstance(value, ExchangePolicy):
             return value
         if isinstance(value, Codec):
             return cls(value)
-        raise TypeError(f"expected an ExchangePolicy or a Codec, got {type(value).__name__}")
+        raise TypeError(f"expected an ExchangePolicy, a Codec or a codec name, got "
+                        f"{type(value).__name__}")
 
     def codec(self, key: str, direction: str) -> Codec:
         r"""The codec of exchange point :obj:`key` in :obj:`direction`."""
@@ -68,3 +73,30 @@ class ExchangePolicy:
         r"""Whether every codec this policy can return is lossless."""
         codecs = [c for c in self._codecs.values() if c is not None]
         return all(c.lossless for c in codecs) and all(p.lossless for p in self.points.values())
+
+    def codecs(self) -> Iterator[Codec]:
+        r"""Every codec this policy can return, once each (not the exact default)."""
+        seen = set()
+        for codec in list(self._codecs.values()) + [c for p in self.points.values()
+                                                   for c in p.codecs()]:
+            if codec is not None and id(codec) not in seen:
+                seen.add(id(codec))
+                yield codec
+
+    def describe(self) -> str:
+        r"""The codecs in words, e.g. ``"int2"`` or ``"forward int2, backward fp32"``."""
+        def name(codec: Optional[Codec]) -> str:
+            if codec is None or codec.lossless:
+                return "fp32" if codec is None else type(codec).__name__
+            bits = getattr(codec, "bits", None)
+            if getattr(codec, "per_node", False):
+                return f"adaptive (per-node widths, base {bits} bits)"
+            if bits is not None:
+                return f"int{bits}"
+            return "bf16" if type(codec).__name__ == "BFloat16Codec" else type(codec).__name__
+        forward, backward = (name(self._codecs[d]) for d in DIRECTIONS)
+        text = forward if forward == backward else f"forward {forward}, backward {backward}"
+        if self.points:
+            text += " (" + ", ".join(f"{k}: {p.describe()}" for k, p in self.points.items()) \
+                + ")"
+        return text

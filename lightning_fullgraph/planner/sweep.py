@@ -24,7 +24,7 @@ __all__ = ["plan_sweep", "format_sweep", "model_profiles"]
 
 def model_profiles(model: str, in_channels: int, out_channels: int, *, hidden: int = 16,
                    layers: int = 2, dropout: float = 0.5, modes: Sequence[str] = MODES,
-                   seed: int = 0) -> Dict[str, ExchangeProfile]:
+                   seed: int = 0, codec: Any = None) -> Dict[str, ExchangeProfile]:
     r"""Profiles of one of the library's models (:func:`~lightning_fullgraph.module.build_model`)
     per aggregation mode, called as ``NodeClassifier`` calls it (dropout on the input
     features, then the model).
@@ -38,6 +38,7 @@ def model_profiles(model: str, in_channels: int, out_channels: int, *, hidden: i
         dropout (float): Dropout (also on the input, as ``lightning-fullgraph train``).
         modes (Sequence[str]): Aggregation modes.
         seed (int): Seed of the model's initialization.
+        codec (str, Codec or ExchangePolicy, optional): The wire format (row widths).
 
     Returns:
         Dict[str, ExchangeProfile]
@@ -54,14 +55,15 @@ def model_profiles(model: str, in_channels: int, out_channels: int, *, hidden: i
         torch.manual_seed(seed)
         net = build_model(model, in_channels, hidden, out_channels, num_layers=layers,
                           dropout=dropout)
-        out[mode] = profile_model(net, in_channels, aggregation=mode, forward=forward)
+        out[mode] = profile_model(net, in_channels, aggregation=mode, forward=forward,
+                                  codec=codec)
     return out
 
 
 def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str = "gcn",
                hidden: int = 16, layers: int = 2, dropout: float = 0.5,
                modes: Sequence[str] = MODES, hosts: int = 1, link: Optional[LinkModel] = None,
-               cache_dir: Optional[str] = None, seed: int = 0,
+               cache_dir: Optional[str] = None, seed: int = 0, codec: Any = None,
                progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     r"""Predicts bytes, exchange time and memory per epoch for every part count and mode.
 
@@ -75,6 +77,8 @@ def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str
         link (LinkModel, optional): Measured link (no seconds without one).
         cache_dir (str, optional): Partition cache root.
         seed (int): METIS seed.
+        codec (str, Codec or ExchangePolicy, optional): The wire format (``"int2"``, ...);
+            fixed-width codecs only (per-node widths are not predicted yet).
         progress (Callable[[str], None], optional): Called with a line per stage.
 
     Returns:
@@ -92,7 +96,7 @@ def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str
     say(f"profiling {model} (hidden {hidden}, {layers} layers) in {', '.join(modes)} "
         "aggregation")
     profiles = model_profiles(model, num_features, num_classes, hidden=hidden, layers=layers,
-                              dropout=dropout, modes=modes, seed=seed)
+                              dropout=dropout, modes=modes, seed=seed, codec=codec)
     any_profile = next(iter(profiles.values()))
     results: List[Dict[str, Any]] = []
     for P in parts:
@@ -120,6 +124,7 @@ def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str
         "model": {"name": model, "hidden": hidden, "layers": layers, "dropout": dropout,
                   "parameters": any_profile.num_parameters},
         "hosts": hosts,
+        "codec": codec if isinstance(codec, str) or codec is None else repr(codec),
         "epoch": "one training step (forward + backward), steady state",
         "link": link.to_dict() if link is not None else None,
         "widths": {mode: p.layers() for mode, p in profiles.items()},
@@ -148,7 +153,8 @@ def format_sweep(result: Dict[str, Any]) -> str:
     lines = [f"{result['dataset'] or 'graph'}: {result['nodes']:,} nodes, "
              f"{result['edges']:,} edges, {result['features']} features; "
              f"{m['name'].upper()} hidden {m['hidden']} x {m['layers']} layers "
-             f"({m['parameters']:,} parameters), float32",
+             f"({m['parameters']:,} parameters), float32, wire "
+             f"{result.get('codec') or 'fp32'}",
              f"epoch = {result['epoch']}"]
     link = result.get("link")
     if link is not None:

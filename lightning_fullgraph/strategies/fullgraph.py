@@ -37,11 +37,12 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from .. import compat
-from ..engine import Codec, FullGraphEngine
+from ..engine import Codec, ExchangePolicy, FullGraphEngine
 from ..engine.aggregation import MODES as AGGREGATION_MODES
 from .signals import DeferredSignals
 
@@ -90,8 +91,12 @@ class FullGraphStrategy(DDPStrategy):
         sync_batchnorm (bool): Synchronize ``BatchNorm1d`` statistics across ranks.
         kernels (str, optional): Aggregation backend (``"auto"``, ``"cpp"``,
             ``"triton"``, ``"torch"``); ``None`` keeps PyG's own path.
-        codec (Codec or ExchangePolicy, optional): How halo rows cross the wire, for
-            every exchange point or per point and direction (default: exact).
+        codec (str, Codec or ExchangePolicy, optional): How halo rows cross the wire, for
+            every exchange point or per point and direction: a name (``"fp32"``, ``"bf16"``,
+            ``"int8"``, ``"int4"``, ``"int2"``, ``"int1"``; see
+            :mod:`lightning_fullgraph.engine.codecs.registry`), a codec or a policy
+            (default: exact).  A lossy codec is announced at setup and its bits per feature
+            are logged (``comm/bits``).
         aggregation (str): How cut edges of sum/mean layers with scalar edge messages
             (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
@@ -118,7 +123,8 @@ class FullGraphStrategy(DDPStrategy):
     def __init__(self, loss_mask: str = "train_mask", loss_reduction: str = "mean",
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                  sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
-                 codec: Optional[Codec] = None, aggregation: str = "hybrid",
+                 codec: Union[None, str, Codec, ExchangePolicy] = None,
+                 aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
                  startup_timeout: Union[float, timedelta] = timedelta(minutes=30),
@@ -280,6 +286,10 @@ class FullGraphStrategy(DDPStrategy):
                                       loss_mask=self.loss_mask, timeout=self.collective_timeout,
                                       aggregation=self.aggregation,
                                       ranks_per_host=self.num_processes)
+        if not self.engine.policy.lossless:
+            rank_zero_warn(f"FullGraphStrategy: halo rows cross the wire with a lossy codec "
+                           f"({self.engine.policy.describe()}); training is not exact (use "
+                           "codec=None for the single-process result)", category=UserWarning)
         self._signals = DeferredSignals(group, self.collective_timeout)
         super().setup(trainer)
 

@@ -1,0 +1,57 @@
+"""Codecs by name: what `codec="int2"` means on the strategy, the engine and the CLI."""
+import pytest
+import torch
+
+from lightning_fullgraph.engine import ExchangePolicy
+from lightning_fullgraph.engine.codecs import IdentityCodec
+from lightning_fullgraph.engine.codecs.registry import CODEC_NAMES, codec_from_name, wire_bits
+
+
+def test_names_resolve_to_codecs():
+    assert codec_from_name("fp32") is None and codec_from_name("identity") is None
+    assert type(codec_from_name("bf16")).__name__ == "BFloat16Codec"
+    for bits in (1, 2, 4, 8):
+        codec = codec_from_name(f"int{bits}")
+        assert codec.bits == bits and codec.rounding == "stochastic" and not codec.lossless
+    assert codec_from_name("int2-nearest").rounding == "nearest"
+    adaptive = codec_from_name("adaptive")
+    assert adaptive.per_node and adaptive.bits == 1
+    assert set(CODEC_NAMES) >= {"fp32", "bf16", "int8", "int4", "int2", "int1", "adaptive"}
+
+
+@pytest.mark.parametrize("name", ["int3", "fp16", "int2-up", "bf16-nearest"])
+def test_unknown_names_list_the_known_ones(name):
+    with pytest.raises(ValueError, match="expected one of fp32, bf16"):
+        codec_from_name(name)
+
+
+def test_policy_from_a_name_describes_itself_and_lists_its_codecs():
+    exact = ExchangePolicy.of("fp32")
+    assert exact.lossless and exact.describe() == "fp32" and list(exact.codecs()) == []
+    int2 = ExchangePolicy.of("int2")
+    assert not int2.lossless and int2.describe() == "int2"
+    assert [c.bits for c in int2.codecs()] == [2]
+    mixed = ExchangePolicy(forward=codec_from_name("int4"))
+    assert mixed.describe() == "forward int4, backward fp32"
+    assert ExchangePolicy.of("bf16").describe() == "bf16"
+    assert ExchangePolicy.of("adaptive").describe().startswith("adaptive")
+    with pytest.raises(TypeError, match="codec name"):
+        ExchangePolicy.of(3)
+
+
+def test_wire_bits_of_each_format():
+    assert wire_bits(None) == 32 and wire_bits(IdentityCodec()) == 32
+    assert wire_bits(IdentityCodec(), dtype_bits=64) == 64
+    assert wire_bits(codec_from_name("int2")) == 2
+    assert wire_bits(codec_from_name("bf16")) == 16
+
+
+def test_engine_takes_a_codec_name(tmp_path):
+    from lightning_fullgraph.engine import FullGraphEngine
+    from lightning_fullgraph.partition import build_local_partitions
+
+    from .models import skewed_graph
+    data = skewed_graph()
+    part = build_local_partitions(data, torch.zeros(data.num_nodes, dtype=torch.long))[0]
+    engine = FullGraphEngine(part, codec="int4")
+    assert engine.policy.describe() == "int4"
