@@ -124,10 +124,23 @@ class FullGraphEngine:
         return self
 
     def next_step(self) -> int:
-        r"""Advances the step counter the codecs see (one per training step)."""
-        for exchange in self.exchanges.values():
-            exchange.step += 1
-        return self.exchange.step
+        r"""Advances the step counter the codecs see (:meth:`backward` does it after each
+        backward, so a plain training loop needs no call)."""
+        return self.set_step(self.exchange.step + 1)
+
+    def set_step(self, step: int) -> int:
+        r"""Sets the step counter the codecs see, e.g. to the Trainer's ``global_step`` (the
+        same on every rank), so that stochastic rounding draws anew every step and a resumed
+        run draws what the uninterrupted one would."""
+        for exchange in self._all_exchanges():
+            exchange.step = int(step)
+        return int(step)
+
+    def _all_exchanges(self):
+        yield from self.exchanges.values()
+        reverse = getattr(self._model, "_reverse", None) if self._model is not None else None
+        if reverse is not None:  # DirGNNConv's reversed graph
+            yield reverse
 
     @property
     def stats(self):
@@ -207,10 +220,12 @@ class FullGraphEngine:
         r"""Scales :obj:`loss`, back-propagates, and sums the new gradients over ranks.
 
         Calling it several times before an optimizer step accumulates gradients as
-        repeated ``loss.backward()`` calls do on one process.
+        repeated ``loss.backward()`` calls do on one process.  Advances the codecs' step
+        counter (:meth:`next_step`).
         """
         scaled = self.scale_loss(loss)
         self.reduce_backward(scaled.backward, params)
+        self.next_step()
 
     def _params(self, params: Optional[Iterable[Tensor]]) -> Iterable[Tensor]:
         if params is not None:

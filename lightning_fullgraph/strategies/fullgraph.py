@@ -362,6 +362,10 @@ class FullGraphStrategy(DDPStrategy):
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         self._sync_signals()
+        if self.engine is not None:
+            # Stochastic codecs draw per step: the Trainer's step, the same on every rank and
+            # after a resume what the uninterrupted run would have had.
+            self.engine.set_step(self.lightning_module.trainer.global_step)
         try:
             return super().training_step(*args, **kwargs)
         except Exception as error:
