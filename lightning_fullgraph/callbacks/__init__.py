@@ -1,5 +1,7 @@
 r"""Lightning callbacks of lightning-fullgraph."""
+from .adaptive_bits import AdaptiveBitWidth, BitWidthController, apply_bit_width, exchange_codecs
 from .communication import CommunicationMonitor
 from .random_state import RandomStateCheckpoint
 
-__all__ = ["CommunicationMonitor", "RandomStateCheckpoint"]
+__all__ = ["CommunicationMonitor", "RandomStateCheckpoint", "AdaptiveBitWidth",
+           "BitWidthController", "apply_bit_width", "exchange_codecs"]
