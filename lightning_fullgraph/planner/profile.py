@@ -467,6 +467,10 @@ def profile_model(model: torch.nn.Module, in_channels: Optional[int] = None, *,
             "profile_model runs the model on a one-process engine and cannot do so in a "
             f"process whose default process group has {dist.get_world_size()} ranks; call it "
             "before init_process_group or in the launching process")
+    from ..engine.policy import ExchangePolicy
+    if any(getattr(c, "per_node", False) for c in ExchangePolicy.of(codec).codecs()):
+        raise ValueError("profile_model: per-node bit widths (codec 'adaptive') are not "
+                         "modelled by the planner yet; profile with a fixed-width codec")
     if max_steps < 2:
         raise ValueError(f"max_steps must be >= 2, got {max_steps}")
     _check_unattached(model)

@@ -81,6 +81,13 @@ class PredictionTracker:
         Returns:
             PredictionTracker or None
         """
+        policy = getattr(engine, "policy", None)
+        if policy is not None and any(getattr(c, "per_node", False) for c in policy.codecs()):
+            # Same policy on every rank: all return here alike (no collective is skipped
+            # on one rank only).
+            warnings.warn("CommunicationMonitor: per-node bit widths (codec 'adaptive') are not "
+                          "modelled by the planner yet; no predicted figures")
+            return None
         if link == "calibrate":
             from .calibrate import calibrate
             link = calibrate(getattr(engine, "group", None))

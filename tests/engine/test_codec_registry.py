@@ -55,3 +55,11 @@ def test_engine_takes_a_codec_name(tmp_path):
     part = build_local_partitions(data, torch.zeros(data.num_nodes, dtype=torch.long))[0]
     engine = FullGraphEngine(part, codec="int4")
     assert engine.policy.describe() == "int4"
+
+
+def test_the_planner_refuses_per_node_widths_instead_of_undercounting():
+    from torch_geometric.nn import GCNConv
+
+    from lightning_fullgraph.planner import profile_model
+    with pytest.raises(ValueError, match="per-node bit widths"):
+        profile_model(GCNConv(4, 4), 4, codec="adaptive")
