@@ -14,11 +14,14 @@ def test_backward_advances_the_step_and_set_step_sets_every_exchange():
     engine = FullGraphEngine(part, aggregation="hybrid")
     model = GCNConv(data.num_features, 4)
     engine.attach(model)
-    local = engine.data
-    assert engine.exchange.step == 0
-    for expected in (1, 2):
-        engine.backward(model(local.x, local.edge_index).sum())
-        assert {ex.step for ex in engine.exchanges.values()} == {expected}
-    engine.set_step(41)
-    assert {ex.step for ex in engine.exchanges.values()} == {41}
-    assert engine.next_step() == 42
+    try:  # detached in the end: an attached model keeps PyG's gcn_norm patched for others
+        local = engine.data
+        assert engine.exchange.step == 0
+        for expected in (1, 2):
+            engine.backward(model(local.x, local.edge_index).sum())
+            assert {ex.step for ex in engine.exchanges.values()} == {expected}
+        engine.set_step(41)
+        assert {ex.step for ex in engine.exchanges.values()} == {41}
+        assert engine.next_step() == 42
+    finally:
+        engine.detach()
