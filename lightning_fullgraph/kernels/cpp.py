@@ -17,6 +17,7 @@ aggregation). ``LIGHTNING_FULLGRAPH_POOL_MB`` caps the idle pooled memory (defau
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -30,7 +31,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-__all__ = ["load", "is_available", "source_dir", "build_dir", "disabled_by_env"]
+__all__ = ["load", "is_available", "build_extension", "source_dir", "build_dir",
+           "disabled_by_env"]
 
 _ENV_NO_EXT = "LIGHTNING_FULLGRAPH_NO_EXT"
 _SOURCES = ("aggregate.cpp",)
@@ -140,6 +142,91 @@ def _note(message: str) -> None:
     print(f"lightning-fullgraph: {message}", file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _build_lock(bdir: Path):
+    """Hold this machine's build lock of ``bdir`` (an ``flock``, released by the kernel when
+    its holder dies) and clear a stale torch lock file under it.
+
+    :func:`torch.utils.cpp_extension.load` serializes builds with a plain ``lock`` file that
+    it deletes when done; a process killed mid-compile (Ctrl-C, a job scheduler, a failing
+    rank) leaves it behind and every later load waits on it forever. Only a process holding
+    the ``flock`` calls into torch, so a ``lock`` file seen while holding it is stale.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock file only
+        yield
+        return
+    with open(bdir / ".build.flock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            if _is_local_rank_zero():
+                _note(f"waiting for another process building in {bdir} ...")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            stale = bdir / "lock"
+            if stale.exists():
+                _note(f"removing a stale build lock left by a killed build: {stale}")
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def build_extension(name: str, sources: Sequence[str], cflags: Sequence[str],
+                    what: str, verbose: bool = False) -> ModuleType:
+    """Build (or load the cached build of) the extension ``name`` from ``csrc/<sources>``.
+
+    Args:
+        name: Module name of the extension (also the name of its shared library).
+        sources: File names in the C++ source directory to compile.
+        cflags: Compiler flags.
+        what: What the extension holds, for the one line printed while compiling.
+        verbose: Print the compiler output.
+
+    Raises whatever prevents the build (sources missing, no compiler, a compile error);
+    callers turn it into one warning and the pure-PyTorch fallback.
+    """
+    src = source_dir(sources)
+    if src is None:
+        raise FileNotFoundError(f"C++ sources ({', '.join('csrc/' + s for s in sources)}) not "
+                                "found next to the package")
+    bdir = build_dir(src, sources)
+    bdir.mkdir(parents=True, exist_ok=True)
+    staged = _stage_sources(src, bdir, sources)
+    from torch.utils import cpp_extension
+
+    with _build_lock(bdir):
+        # The build directory is keyed by the source hash, so a library already there is
+        # loaded as is; otherwise this process compiles while the others wait on the lock.
+        compiling = not (bdir / f"{name}.so").is_file()
+        announce = compiling and _is_local_rank_zero()
+        if announce:
+            _note(f"compiling the C++ {what} for this CPU (first use) into {bdir} ...")
+        start = time.perf_counter()
+        module = cpp_extension.load(
+            name=name,
+            sources=[str(s) for s in staged],
+            extra_cflags=list(cflags),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(bdir),
+            with_cuda=False,
+            verbose=verbose,
+        )
+        if announce:
+            _note(f"C++ {what} compiled in {time.perf_counter() - start:.0f} s (cached for "
+                  "later runs)")
+    return module
+
+
+def unavailable(what: str, exc: BaseException) -> None:
+    """The single warning of an extension that cannot be built."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    warnings.warn(f"lightning_fullgraph: C++ {what} unavailable ({type(exc).__name__}: "
+                  f"{first}); using the pure-PyTorch fallback.", RuntimeWarning, stacklevel=3)
+
+
 def load(verbose: bool = False) -> Optional[ModuleType]:
     """Return the compiled extension module, building it if needed; ``None`` if unavailable.
 
@@ -159,45 +246,12 @@ def load(verbose: bool = False) -> Optional[ModuleType]:
     with _lock:
         if _module is not None or _failed:
             return _module
-        src = source_dir()
         try:
-            if src is None:
-                raise FileNotFoundError("C++ sources (csrc/aggregate.cpp) not found next to the package")
-            bdir = build_dir(src)
-            bdir.mkdir(parents=True, exist_ok=True)
-            sources = _stage_sources(src, bdir)
-            from torch.utils import cpp_extension
-
-            # The build directory is keyed by the source hash, so a library already there
-            # is loaded as is; otherwise this process compiles (or waits for the process
-            # of this machine that does: torch serializes builds with a lock file).
-            compiling = not (bdir / f"{_NAME}.so").is_file()
-            announce = compiling and _is_local_rank_zero()
-            if announce:
-                _note(f"compiling the C++ aggregation kernels for this CPU (first use, about a "
-                      f"minute) into {bdir} ...")
-            start = time.perf_counter()
-            _module = cpp_extension.load(
-                name=_NAME,
-                sources=[str(s) for s in sources],
-                extra_cflags=_cflags(),
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(bdir),
-                with_cuda=False,
-                verbose=verbose,
-            )
-            if announce:
-                _note(f"C++ aggregation kernels compiled in {time.perf_counter() - start:.0f} s "
-                      "(cached for later runs)")
+            _module = build_extension(_NAME, _SOURCES, _cflags(), "aggregation kernels",
+                                      verbose)
         except Exception as exc:  # compiler missing, ninja missing, build error, ...
             _failed = True
-            warnings.warn(
-                "lightning_fullgraph: C++ aggregation kernels unavailable "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                "using the pure-PyTorch fallback.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            unavailable("aggregation kernels", exc)
             return None
     return _module
 

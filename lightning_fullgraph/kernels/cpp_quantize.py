@@ -1,8 +1,9 @@
 """JIT build and loading of the C++/OpenMP quantization kernels (``csrc/quantize.cpp``).
 
-The same mechanism as :mod:`.cpp` (one persistent build directory keyed by the source, the
-torch version and the host CPU; sources staged into it; ``with_cuda=False``; one line on
-stderr while compiling), for a separate, small extension: the codec kernels build in a few
+The same mechanism as :mod:`.cpp` (:func:`.cpp.build_extension`: one persistent build
+directory keyed by the source, the torch version and the host CPU; sources staged into it;
+``with_cuda=False``; a build lock that survives killed builds; one line on stderr while
+compiling), for a separate, small extension: the codec kernels build in a few
 seconds and never force a rebuild of the aggregation kernels.  It differs in one flag:
 ``-ffp-contract=off``, because the wire bytes and decoded rows must equal the pure-PyTorch
 reference bit for bit, and a fused multiply-add rounds once where the reference rounds twice.
@@ -14,7 +15,6 @@ set, :func:`load` returns ``None`` after a single warning and the codec uses the
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 from types import ModuleType
 from typing import List, Optional
@@ -57,42 +57,11 @@ def load(verbose: bool = False) -> Optional[ModuleType]:
         if _module is not None or _failed:
             return _module
         try:
-            src = cpp.source_dir(_SOURCES)
-            if src is None:
-                raise FileNotFoundError("C++ source (csrc/quantize.cpp) not found next to the "
-                                        "package")
-            bdir = cpp.build_dir(src, _SOURCES)
-            bdir.mkdir(parents=True, exist_ok=True)
-            sources = cpp._stage_sources(src, bdir, _SOURCES)
-            from torch.utils import cpp_extension
-
-            compiling = not (bdir / f"{_NAME}.so").is_file()
-            announce = compiling and cpp._is_local_rank_zero()
-            if announce:
-                cpp._note(f"compiling the C++ quantization kernels for this CPU (first use) "
-                          f"into {bdir} ...")
-            start = time.perf_counter()
-            _module = cpp_extension.load(
-                name=_NAME,
-                sources=[str(s) for s in sources],
-                extra_cflags=_cflags(),
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(bdir),
-                with_cuda=False,
-                verbose=verbose,
-            )
-            if announce:
-                cpp._note(f"C++ quantization kernels compiled in "
-                          f"{time.perf_counter() - start:.0f} s (cached for later runs)")
+            _module = cpp.build_extension(_NAME, _SOURCES, _cflags(), "quantization kernels",
+                                          verbose)
         except Exception as exc:  # compiler missing, ninja missing, build error, ...
             _failed = True
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            warnings.warn(
-                "lightning_fullgraph: C++ quantization kernels unavailable "
-                f"({type(exc).__name__}: {first}); using the pure-PyTorch fallback.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            cpp.unavailable("quantization kernels", exc)
             return None
     return _module
 
