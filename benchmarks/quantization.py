@@ -3,22 +3,34 @@
 
 Usage::
 
-    python benchmarks/quantization.py                          # Cora, P=4, GCN+SAGE, 5 seeds
+    python benchmarks/quantization.py                          # everything below (~80 min here)
     python benchmarks/quantization.py --seeds 0 1 --models gcn --epochs 200
-    python benchmarks/quantization.py --skip-accuracy          # bytes on the synthetic graph only
+    python benchmarks/quantization.py --skip-accuracy --skip-synthetic-training  # planner bytes
     python benchmarks/quantization.py --json > out.json        # only the JSON on stdout
 
-**Accuracy** (Cora, ``--parts`` processes): every (model, codec, seed) is one
+**Accuracy on Cora** (``--parts`` processes): every (model, configuration, seed) is one
 ``lightning-fullgraph train --json`` run (hybrid aggregation, the README's recipe: 200 epochs,
 hidden 16, dropout 0.5), plus a ``post`` fp32 baseline; reported: test accuracy (mean and
 standard deviation over seeds, difference to fp32 in percentage points) and the bytes each rank
-sent per epoch as the engine counted them, with the ratio to post-aggregated fp32.
+sent per epoch as the engine counted them (mean over the run), with the ratios to
+post-aggregated and to hybrid fp32.  The configurations are the codecs by name and
+``adaptive+schedule``: per-node widths (``--codec adaptive``) with the per-epoch base width of
+:class:`~lightning_fullgraph.callbacks.AdaptiveBitWidth` (``--adaptive-bits``), SYLVIE's
+data- and time-adaptive quantization together.
 
-**Bytes on the synthetic graph** (``--synthetic``, hidden 256 by default): the planner's
+**Accuracy on the synthetic graph** (``--train-synthetic``, 100k nodes, hidden 256,
+``--synthetic-epochs``): the same runs, one seed, where rows are wide enough that the per-row
+header (8 bytes) no longer bounds the reduction.
+
+**Bytes on the 1M-node synthetic graph** (``--synthetic``, hidden 256 by default): the planner's
 prediction per codec and aggregation mode (:func:`lightning_fullgraph.planner.plan_sweep`; its
 predicted bytes equal the engine's counters exactly for fixed-width codecs, see
 ``benchmarks/planner.py`` and ``tests/planner``), as a ratio to post-aggregated fp32.  Per-node
-widths (``adaptive``) are measured on Cora only (the planner does not model them yet).
+widths are measured in training only (the planner does not model them yet).
+
+Every finished run is appended to ``--runs`` (JSON lines); a later invocation reuses the runs
+already there (same dataset, model, configuration, seed, epochs, hidden width and processes), so
+an interrupted benchmark resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -29,55 +41,96 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2", "int1", "adaptive")
+#: Configuration name -> (codec, extra ``train`` flags).
+CONFIGS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
+    **{c: (c, ()) for c in CODECS},
+    "adaptive+schedule": ("adaptive", ("--adaptive-bits",)),
+}
 
 
-def _train(args, model: str, codec: str, seed: int, aggregation: str = "hybrid") -> Dict:
+class Runs:
+    r"""The finished ``train`` runs, kept in a JSON-lines file so that reruns reuse them."""
+
+    def __init__(self, path: Optional[Path]) -> None:
+        self.path = path
+        self.done: Dict[str, Dict] = {}
+        if path is not None and path.is_file():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    run = json.loads(line)
+                    self.done[run["key"]] = run
+
+    def get(self, key: str) -> Optional[Dict]:
+        return self.done.get(key)
+
+    def add(self, run: Dict) -> None:
+        self.done[run["key"]] = run
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(run) + "\n")
+
+
+def _train(args, runs: Runs, dataset: str, model: str, config: str, seed: int, epochs: int,
+           hidden: int, aggregation: str = "hybrid") -> Dict:
+    codec, extra = CONFIGS[config]
+    key = json.dumps([dataset, model, config, seed, epochs, hidden, args.parts, aggregation])
+    if runs.get(key) is not None:
+        return runs.get(key)
     cmd = [sys.executable, "-m", "lightning_fullgraph.cli", "train", "--json", "--no-progress",
-           "--dataset", args.dataset, "--devices", str(args.parts), "--model", model,
-           "--epochs", str(args.epochs), "--seed", str(seed), "--codec", codec,
-           "--aggregation", aggregation]
+           "--dataset", dataset, "--devices", str(args.parts), "--model", model,
+           "--epochs", str(epochs), "--hidden", str(hidden), "--seed", str(seed),
+           "--codec", codec, "--aggregation", aggregation, *extra]
     t0 = time.perf_counter()
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stderr[-3000:]}")
     out = json.loads(run.stdout[run.stdout.index("{"):])
     out["wall_s"] = round(time.perf_counter() - t0, 1)
+    out["key"], out["config"] = key, config
+    runs.add(out)
     return out
 
 
-def accuracy(args, say) -> List[Dict[str, Any]]:
+def accuracy(args, runs: Runs, say, dataset: str, seeds: List[int], epochs: int,
+             hidden: int) -> List[Dict[str, Any]]:
     rows = []
     for model in args.models:
-        baseline = [_train(args, model, "fp32", s, "post") for s in args.seeds]
+        baseline = [_train(args, runs, dataset, model, "fp32", s, epochs, hidden, "post")
+                    for s in seeds]
         post_mb = statistics.mean(r["comm_MB_per_epoch_per_rank"] for r in baseline)
-        say(f"{model} post fp32: {post_mb:.4f} MB/epoch/rank")
-        fp32_acc = None
-        for codec in args.codecs:
-            runs = []
-            for seed in args.seeds:
-                runs.append(_train(args, model, codec, seed))
-                say(f"{model} {codec} seed {seed}: test {runs[-1]['test_acc']:.4f}, "
-                    f"{runs[-1]['comm_MB_per_epoch_per_rank']:.4f} MB/epoch/rank, "
-                    f"{runs[-1]['wall_s']} s")
-            acc = [r["test_acc"] for r in runs]
-            mb = statistics.mean(r["comm_MB_per_epoch_per_rank"] for r in runs)
+        say(f"{dataset} {model} post fp32: {post_mb:.4f} MB/epoch/rank")
+        fp32_acc = fp32_mb = None
+        for config in args.configs:
+            done = []
+            for seed in seeds:
+                done.append(_train(args, runs, dataset, model, config, seed, epochs, hidden))
+                r = done[-1]
+                say(f"{dataset} {model} {config} seed {seed}: test {r['test_acc']:.4f}, "
+                    f"{r['comm_MB_per_epoch_per_rank']:.4f} MB/epoch/rank, {r['wall_s']} s")
+            acc = [r["test_acc"] for r in done]
+            mb = statistics.mean(r["comm_MB_per_epoch_per_rank"] for r in done)
             mean = statistics.mean(acc)
-            if codec == "fp32":
-                fp32_acc = mean
+            if config == "fp32":
+                fp32_acc, fp32_mb = mean, mb
             rows.append({
-                "model": model, "codec": codec, "aggregation": "hybrid", "seeds": args.seeds,
+                "dataset": dataset, "model": model, "config": config,
+                "codec": CONFIGS[config][0], "aggregation": "hybrid", "seeds": seeds,
+                "epochs": epochs, "hidden": hidden,
                 "test_acc": acc, "test_acc_mean": mean,
                 "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
                 "delta_pp_vs_fp32": None if fp32_acc is None else 100 * (mean - fp32_acc),
                 "MB_per_epoch_per_rank": mb, "post_fp32_MB": post_mb,
                 "reduction_vs_post_fp32": post_mb / mb if mb else None,
-                "step_s": statistics.median(r["train_step_seconds"] for r in runs),
+                "reduction_vs_hybrid_fp32": fp32_mb / mb if mb and fp32_mb else None,
+                "bits_mean": statistics.mean(r.get("bits_mean") or 32.0 for r in done),
+                "step_s": statistics.median(r["train_step_seconds"] for r in done),
             })
     return rows
 
@@ -89,7 +142,7 @@ def synthetic_bytes(args, say) -> List[Dict[str, Any]]:
     data = load_dataset(args.synthetic)
     rows = []
     base = None
-    for codec in [c for c in args.codecs if c != "adaptive"]:
+    for codec in [c for c in CODECS if c != "adaptive" and c in args.configs]:
         result = plan_sweep(data, [args.parts], dataset=args.synthetic, model="gcn",
                             hidden=args.hidden, layers=2, modes=("post", "hybrid"),
                             codec=codec, progress=say)
@@ -107,13 +160,16 @@ def synthetic_bytes(args, say) -> List[Dict[str, Any]]:
 def _table(acc: List[Dict], syn: List[Dict]) -> str:
     lines = []
     if acc:
-        lines.append(f"{'model':6} {'codec':9} {'test acc':>16} {'Δ pp':>6} {'MB/ep/rank':>11} "
-                     f"{'× post fp32':>11} {'step ms':>8}")
+        lines.append(f"{'dataset':10} {'model':5} {'config':17} {'test acc':>15} {'Δ pp':>6} "
+                     f"{'bits':>5} {'MB/ep/rank':>10} {'×post fp32':>10} {'×hybrid fp32':>12} "
+                     f"{'step ms':>8}")
         for r in acc:
             delta = "" if r["delta_pp_vs_fp32"] is None else f"{r['delta_pp_vs_fp32']:+.2f}"
-            lines.append(f"{r['model']:6} {r['codec']:9} {100 * r['test_acc_mean']:8.2f} ± "
-                         f"{100 * r['test_acc_std']:5.2f} {delta:>6} "
-                         f"{r['MB_per_epoch_per_rank']:11.4f} {r['reduction_vs_post_fp32']:11.2f} "
+            lines.append(f"{r['dataset'][:10]:10} {r['model']:5} {r['config']:17} "
+                         f"{100 * r['test_acc_mean']:7.2f} ± {100 * r['test_acc_std']:5.2f} "
+                         f"{delta:>6} {r['bits_mean']:5.2f} {r['MB_per_epoch_per_rank']:10.4f} "
+                         f"{r['reduction_vs_post_fp32']:10.2f} "
+                         f"{r['reduction_vs_hybrid_fp32'] or 1.0:12.2f} "
                          f"{1e3 * r['step_s']:8.1f}")
     if syn:
         lines.append("")
@@ -129,22 +185,37 @@ def main() -> None:
     p.add_argument("--dataset", default="cora")
     p.add_argument("--parts", type=int, default=4)
     p.add_argument("--models", nargs="+", default=["gcn", "sage"])
-    p.add_argument("--codecs", nargs="+", default=list(CODECS))
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                   help="codecs by name, and adaptive+schedule (per-node widths with the "
+                        "AdaptiveBitWidth schedule)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--synthetic", default="synthetic:nodes=1000000,degree=10,features=128")
     p.add_argument("--hidden", type=int, default=256, help="hidden width on the synthetic graph")
+    p.add_argument("--train-synthetic", default="synthetic:nodes=100000,degree=10,features=128",
+                   help="synthetic graph trained on for accuracy and measured bytes")
+    p.add_argument("--synthetic-epochs", type=int, default=30)
+    p.add_argument("--synthetic-seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--runs", default=str(ROOT / "benchmarks" / "results" / "quantization.jsonl"),
+                   help="JSON-lines file of finished runs, reused by later invocations "
+                        "('' to keep none)")
     p.add_argument("--skip-accuracy", action="store_true")
+    p.add_argument("--skip-synthetic-training", action="store_true")
     p.add_argument("--skip-synthetic", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    if "fp32" not in args.codecs:
-        args.codecs.insert(0, "fp32")
+    if "fp32" not in args.configs:
+        args.configs.insert(0, "fp32")
+    runs = Runs(Path(args.runs) if args.runs else None)
 
     def say(line: str) -> None:
         print(f"[quantization] {line}", file=sys.stderr, flush=True)
 
-    acc = [] if args.skip_accuracy else accuracy(args, say)
+    acc = [] if args.skip_accuracy else accuracy(args, runs, say, args.dataset, args.seeds,
+                                                  args.epochs, 16)
+    if not args.skip_synthetic_training:
+        acc += accuracy(args, runs, say, args.train_synthetic, args.synthetic_seeds,
+                        args.synthetic_epochs, args.hidden)
     syn = [] if args.skip_synthetic else synthetic_bytes(args, say)
     result = {"accuracy": acc, "synthetic": syn, "parts": args.parts, "epochs": args.epochs}
     if args.json:

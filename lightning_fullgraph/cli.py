@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "others are lossy: rows quantized per row with scale and zero point "
                         "on the wire, stochastic rounding unless '-nearest'; 'adaptive': "
                         "per-node widths 1-8 by global in-degree quartile)")
+    t.add_argument("--adaptive-bits", action="store_true",
+                   help="change the quantized codec's width every epoch (1, 2, 4 or 8 bits, "
+                        "starting at 1) from the loss-descent rate of all ranks (SYLVIE; the "
+                        "AdaptiveBitWidth callback); needs --codec int1/int2/int4/int8 or "
+                        "adaptive")
     t.add_argument("--timeout", type=float, default=300.0,
                    help="collective timeout in seconds: a rank waiting longer for a stuck "
                         "peer stops with an error naming the exchange (default: 300)")
@@ -233,6 +238,11 @@ def _train(args) -> int:
     from . import CommunicationMonitor, FullGraphDataModule, FullGraphStrategy
     from .module import NodeClassifier, build_model
 
+    if args.adaptive_bits and (args.strategy != "fullgraph"
+                               or not args.codec.startswith(("int", "adaptive"))):
+        raise ValueError(f"--adaptive-bits changes the width of a quantized wire format; it "
+                         f"needs --strategy fullgraph and --codec int1/int2/int4/int8 or "
+                         f"adaptive (got --strategy {args.strategy} --codec {args.codec})")
     pl.seed_everything(args.seed, verbose=False)
     if args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
@@ -253,6 +263,9 @@ def _train(args) -> int:
                                      aggregation=args.aggregation, codec=args.codec,
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
+        if args.adaptive_bits:
+            from .callbacks import AdaptiveBitWidth
+            callbacks.append(AdaptiveBitWidth())
         num_features = num_classes = None  # sized from the partitions in configure_model
 
     def model(in_channels: int, out_channels: int):
@@ -273,7 +286,10 @@ def _train(args) -> int:
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     fit_seconds = time.perf_counter() - start
-    comm = dict(callbacks[0].last) if callbacks else {}
+    # Means over the run: the width (--adaptive-bits) and what crosses the wire can change
+    # from epoch to epoch; the last epoch's bytes are reported beside them.
+    comm = callbacks[0].run_mean() if callbacks else {}
+    last = dict(callbacks[0].last) if callbacks else {}
     val_acc = float(trainer.callback_metrics.get("val_acc", float("nan")))
     test = trainer.test(module, datamodule=datamodule, verbose=False)
     nodes = datamodule.partition.num_nodes if args.strategy == "fullgraph" \
@@ -288,6 +304,8 @@ def _train(args) -> int:
         "train_step_seconds": _median_step(callbacks),
         "comm_MB_per_epoch_per_rank": comm.get("comm/sent_MB"),
         "comm_MB_per_epoch_max_rank": comm.get("comm/sent_MB_max"),
+        "comm_MB_last_epoch_per_rank": last.get("comm/sent_MB"),
+        "bits_mean": comm.get("comm/bits"), "bits_last": last.get("comm/bits"),
         "exchange_s_per_epoch": comm.get("comm/exchange_s"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }
@@ -335,7 +353,11 @@ def _print_summary(s: dict) -> None:
         print(f"halo traffic         {fmt(s['comm_MB_per_epoch_per_rank'], ' MB')} sent per rank "
               f"per epoch (max rank {fmt(s['comm_MB_per_epoch_max_rank'], ' MB')})")
         print(f"exchange / compute   {fmt(s['exchange_s_per_epoch'], ' s')} / "
-              f"{fmt(s['compute_s_per_epoch'], ' s')} per epoch (last epoch, mean over ranks)")
+              f"{fmt(s['compute_s_per_epoch'], ' s')} per epoch (mean over the run and ranks)")
+    if s.get("codec") not in (None, "fp32"):
+        print(f"wire format          {s['codec']}: {fmt(s['bits_mean'])} bits per feature on "
+              f"average, {fmt(s['bits_last'])} in the last epoch (lossy: not the "
+              "single-process result)")
 
 
 # Errors every rank raises identically: printed by rank 0 only.

@@ -56,6 +56,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
+from .communication import CommunicationMonitor
+
 __all__ = ["BitWidthController", "AdaptiveBitWidth", "apply_bit_width", "exchange_codecs"]
 
 # Reduced over ranks here already (see _gather_global); Lightning's advice to add
@@ -419,6 +421,10 @@ class AdaptiveBitWidth(Callback):
         if not self.log:
             return
         metrics = {"comm/bits": float(self.controller.bits)}
+        if any(isinstance(c, CommunicationMonitor) for c in trainer.callbacks):
+            # The monitor logs the engine's wire width under the same name (the width this
+            # callback set): Lightning refuses one name logged twice in a hook.
+            del metrics["comm/bits"]
         if self.controller.smoothed is not None:
             metrics["comm/loss_smoothed"] = float(self.controller.smoothed)
         if self.controller.ldr:

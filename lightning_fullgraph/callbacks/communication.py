@@ -1,7 +1,7 @@
 """Logs what the halo exchange moved and how long it took."""
 import time
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import lightning.pytorch as pl
 import torch
@@ -27,7 +27,8 @@ class CommunicationMonitor(Callback):
     wire format (32 exact fp32, 16 bfloat16, 1-8 quantized).  ``comm/sent_MB`` also appears
     in the progress bar, and ``comm/bits`` too when the codec is lossy.
     The last epoch's figures stay in :attr:`last` and, per rank, in
-    :attr:`history` (one dictionary per epoch).
+    :attr:`history` (one dictionary per epoch); :meth:`run_mean` averages the reduced figures
+    over every epoch of the run (the bytes of a run whose width or cache changes per epoch).
 
     Next to them, the planner's predictions (:mod:`lightning_fullgraph.planner`) for the same
     epoch: ``comm/predicted_sent_MB`` (mean over ranks, and ``_max``) and
@@ -60,6 +61,7 @@ class CommunicationMonitor(Callback):
         self.predictor: Optional[Any] = None  # the planner's PredictionTracker during fit
         self.last: Dict[str, float] = {}
         self.history = []
+        self._reduced: List[Dict[str, float]] = []
         self._step_start: Optional[float] = None
         self._step_seconds = 0.0
 
@@ -123,6 +125,13 @@ class CommunicationMonitor(Callback):
         if self.predictor is not None:
             self.predictor.close()
 
+    def run_mean(self) -> Dict[str, float]:
+        r"""Each figure of :attr:`last` averaged over all training epochs so far (the same
+        on every rank); empty before the first epoch ends."""
+        names = sorted({n for m in self._reduced for n in m})
+        return {n: sum(m[n] for m in self._reduced if n in m)
+                / sum(1 for m in self._reduced if n in m) for n in names}
+
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         engine = self._engine(trainer)
         if engine is None:
@@ -171,6 +180,7 @@ class CommunicationMonitor(Callback):
         lossy = not engine.policy.lossless
         self.last = metrics
         self.history.append(dict(local))
+        self._reduced.append(dict(metrics))
         for name, value in metrics.items():
             shown = name == "comm/sent_MB" or (lossy and name == "comm/bits")
             pl_module.log(name, value, prog_bar=self.prog_bar and shown,
