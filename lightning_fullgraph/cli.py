@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "starting at 1) from the loss-descent rate of all ranks (SYLVIE; the "
                         "AdaptiveBitWidth callback); needs --codec int1/int2/int4/int8 or "
                         "adaptive")
+    t.add_argument("--cache", default="none", metavar="{none,adaptive,EPSILON}",
+                   help="adaptive halo cache (CDFGNN): resend a row or gradient only when it "
+                        "moved by more than a relative threshold; 'adaptive' adapts the "
+                        "threshold from the training accuracy (AdaptiveCacheThreshold, "
+                        "starting at 0.01), a number fixes it (0 is exact); default none")
     t.add_argument("--timeout", type=float, default=300.0,
                    help="collective timeout in seconds: a rank waiting longer for a stuck "
                         "peer stops with an error naming the exchange (default: 300)")
@@ -261,11 +266,15 @@ def _train(args) -> int:
         kernels = None if args.kernels == "pyg" else args.kernels
         strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
                                      aggregation=args.aggregation, codec=args.codec,
+                                     cache=None if args.cache == "none" else args.cache,
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
         if args.adaptive_bits:
             from .callbacks import AdaptiveBitWidth
             callbacks.append(AdaptiveBitWidth())
+        if args.cache == "adaptive":
+            from .callbacks import AdaptiveCacheThreshold
+            callbacks.append(AdaptiveCacheThreshold())
         num_features = num_classes = None  # sized from the partitions in configure_model
 
     def model(in_channels: int, out_channels: int):
@@ -299,6 +308,7 @@ def _train(args) -> int:
         "processes": trainer.world_size, "epochs": args.epochs, "seed": args.seed,
         "aggregation": args.aggregation if args.strategy == "fullgraph" else None,
         "codec": args.codec if args.strategy == "fullgraph" else None,
+        "cache": args.cache if args.strategy == "fullgraph" else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),
@@ -306,6 +316,7 @@ def _train(args) -> int:
         "comm_MB_per_epoch_max_rank": comm.get("comm/sent_MB_max"),
         "comm_MB_last_epoch_per_rank": last.get("comm/sent_MB"),
         "bits_mean": comm.get("comm/bits"), "bits_last": last.get("comm/bits"),
+        "rows_skipped_frac": comm.get("comm/rows_skipped_frac"),
         "exchange_s_per_epoch": comm.get("comm/exchange_s"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }
@@ -354,6 +365,9 @@ def _print_summary(s: dict) -> None:
               f"per epoch (max rank {fmt(s['comm_MB_per_epoch_max_rank'], ' MB')})")
         print(f"exchange / compute   {fmt(s['exchange_s_per_epoch'], ' s')} / "
               f"{fmt(s['compute_s_per_epoch'], ' s')} per epoch (mean over the run and ranks)")
+    if s.get("rows_skipped_frac") is not None:
+        print(f"halo cache           {s['cache']}: {100 * s['rows_skipped_frac']:.1f} % of the "
+              "rows and gradients served from the receivers' copies (mean over the run)")
     if s.get("codec") not in (None, "fp32"):
         print(f"wire format          {s['codec']}: {fmt(s['bits_mean'])} bits per feature on "
               f"average, {fmt(s['bits_last'])} in the last epoch (lossy: not the "

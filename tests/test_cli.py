@@ -65,6 +65,30 @@ def test_train_json_on_two_processes(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_train_with_every_adaptive_knob(tmp_path):
+    # The compiled kernels come from the usual build cache; partitions go to tmp_path.
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_fullgraph.cli", "train", "--devices", "2",
+         "--epochs", "12", "--json", "--codec", "int2", "--adaptive-bits", "--cache",
+         "adaptive", "--cache-dir", str(tmp_path / "partitions")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout)
+    assert summary["codec"] == "int2" and summary["cache"] == "adaptive"
+    assert 1.0 <= summary["bits_mean"] <= 8.0 and summary["bits_last"] in (1, 2, 4, 8)
+    assert 0.0 < summary["rows_skipped_frac"] < 1.0
+    # Means over the run: the last epoch's bytes are reported beside them.
+    assert summary["comm_MB_per_epoch_per_rank"] > 0 and summary["comm_MB_last_epoch_per_rank"] > 0
+    assert summary["test_acc"] > 0.3
+
+
+def test_adaptive_bits_needs_a_quantized_codec(capsys):
+    assert main(["train", "--devices", "1", "--adaptive-bits"]) == 2
+    assert "--adaptive-bits" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess
 def test_train_error_is_printed_once(tmp_path):
     proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "2", "--num-classes", "3")
     assert proc.returncode == 2, proc.stderr[-4000:]

@@ -1,7 +1,9 @@
 r"""Lightning callbacks of lightning-fullgraph."""
 from .adaptive_bits import AdaptiveBitWidth, BitWidthController, apply_bit_width, exchange_codecs
+from .cache_threshold import AdaptiveCacheThreshold, CacheThresholdController
 from .communication import CommunicationMonitor
 from .random_state import RandomStateCheckpoint
 
 __all__ = ["CommunicationMonitor", "RandomStateCheckpoint", "AdaptiveBitWidth",
-           "BitWidthController", "apply_bit_width", "exchange_codecs"]
+           "BitWidthController", "apply_bit_width", "exchange_codecs", "AdaptiveCacheThreshold",
+           "CacheThresholdController"]

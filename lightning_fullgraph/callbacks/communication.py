@@ -24,8 +24,10 @@ class CommunicationMonitor(Callback):
     the exchange), ``comm/compute_s`` (rest of the training step), ``comm/step_s``
     (the whole training step: forward, backward, optimizer), and per layer
     ``comm/layer/<name>_MB``, and ``comm/bits``, the bits per feature of the forward rows'
-    wire format (32 exact fp32, 16 bfloat16, 1-8 quantized).  ``comm/sent_MB`` also appears
-    in the progress bar, and ``comm/bits`` too when the codec is lossy.
+    wire format (32 exact fp32, 16 bfloat16, 1-8 quantized); with an adaptive halo cache,
+    ``comm/rows_skipped_frac``, the share of the rows it could have sent that it skipped.
+    ``comm/sent_MB`` also appears in the progress bar, and ``comm/bits`` too when the codec
+    is lossy.
     The last epoch's figures stay in :attr:`last` and, per rank, in
     :attr:`history` (one dictionary per epoch); :meth:`run_mean` averages the reduced figures
     over every epoch of the run (the bytes of a run whose width or cache changes per epoch).
@@ -146,6 +148,10 @@ class CommunicationMonitor(Callback):
             "comm/compute_s": max(0.0, self._step_seconds - total.seconds),
             "comm/step_s": self._step_seconds,
         }
+        if total.rows_eligible:
+            # The adaptive halo cache: the share of the rows it could have sent that the
+            # receivers' cached copies served.
+            local["comm/rows_skipped_frac"] = total.rows_skipped / total.rows_eligible
         if self.per_layer:
             for key, counter in sorted(stats.per_key().items()):
                 local[f"comm/layer/{key}_MB"] = (counter.bytes_sent + counter.bytes_received) / 1e6

@@ -53,6 +53,8 @@ class FullGraphEngine:
         group (ProcessGroup, optional): Process group (default: the world).
         codec (Codec or ExchangePolicy, optional): How halo rows cross the wire, for every
             exchange point or per point and direction (default: exact).
+        cache (HaloCache, float or str, optional): Adaptive halo cache of training
+            exchanges (:class:`~.cache.HaloCache`; default none).
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
         timeout (float or timedelta, optional): The collective timeout of
@@ -71,7 +73,7 @@ class FullGraphEngine:
     """
 
     def __init__(self, partition, group: Optional[Any] = None, codec: Any = None,
-                 loss_mask: str = "train_mask", timeout: Optional[Any] = None,
+                 cache: Any = None, loss_mask: str = "train_mask", timeout: Optional[Any] = None,
                  aggregation: str = "hybrid", seed: int = 0,
                  cache_static: bool = True, ranks_per_host: Optional[int] = None) -> None:
         if aggregation not in MODES:
@@ -81,6 +83,8 @@ class FullGraphEngine:
         self.timeout = timeout
         self.aggregation = aggregation
         self.policy = ExchangePolicy.of(codec)
+        if cache is not None:
+            self.policy = self.policy.with_cache(cache)
         self.transport = Transport(group, timeout=timeout, ranks_per_host=ranks_per_host)
         self.exchanges = {mode: HaloExchange(partition.plan(mode), self.transport, self.policy,
                                              seed)

@@ -22,7 +22,10 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .cache import (CacheState, HaloCache, mask_bytes, pack_mask, per_peer, select_rows,
+                    unpack_mask)
 from .codecs import Codec, WireContext
+from .context import current_layer
 from .policy import ExchangePolicy
 from .stats import CommStats
 from .transport import Transport
@@ -81,6 +84,8 @@ class HaloExchange:
         # Importance levels of the post channel's rows (set_levels), for per-node widths.
         self.send_levels: Optional[Tensor] = None
         self.halo_levels: Optional[Tensor] = None
+        # The adaptive halo cache's state per (channel, exchange point, direction).
+        self._cache_states: dict = {}
         # Ranks this rank exchanges anything with (named when a collective fails).
         self.peers = tuple(r for r in range(world) if r != self.rank and (
             self._post_send[r] or self._post_recv[r] or self._pre_send[r] or self._pre_recv[r]))
@@ -145,6 +150,13 @@ class HaloExchange:
         self.send_levels, self.halo_levels = send_levels, halo_levels
         return self
 
+    @staticmethod
+    def _training() -> bool:
+        r"""Whether this exchange belongs to a training step (a layer in training mode with
+        gradients on): only those may use cached rows; evaluation always sees fresh ones."""
+        active = current_layer()
+        return torch.is_grad_enabled() and active is not None and bool(active.training)
+
     # -- the two channels ----------------------------------------------------------------------
     @torch.compiler.disable
     def extend(self, x: Tensor, key: str = "x", dim: int = 0) -> Tensor:
@@ -159,13 +171,14 @@ class HaloExchange:
             :math:`[N_{own} + N_{halo}, *]` along :obj:`dim`; differentiable.
         """
         dim = dim % x.dim()
+        cached = self._training()
         if x.size(dim) != self.num_owned:
             raise ValueError(
                 f"halo exchange '{key}': expected {self.num_owned} owned rows along "
                 f"dim {dim}, got {x.size(dim)}")
         if dim != 0:
-            return _HaloRows.apply(x.movedim(dim, 0), self, key).movedim(0, dim)
-        return _HaloRows.apply(x, self, key)
+            return _HaloRows.apply(x.movedim(dim, 0), self, key, cached).movedim(0, dim)
+        return _HaloRows.apply(x, self, key, cached)
 
     @torch.compiler.disable
     def reduce(self, aggregated: Tensor, key: str = "x.pre") -> Tensor:
@@ -185,7 +198,7 @@ class HaloExchange:
         if aggregated.size(0) != self.num_targets:
             raise ValueError(f"pre-aggregation '{key}': expected {self.num_targets} rows "
                              f"(owned + pre slots), got {aggregated.size(0)}")
-        return _PreRows.apply(aggregated, self, key)
+        return _PreRows.apply(aggregated, self, key, self._training())
 
     @torch.compiler.disable
     def to_slots(self, owned: Tensor, key: str) -> Tensor:
@@ -198,12 +211,28 @@ class HaloExchange:
 
     # -- one transfer ------------------------------------------------------------------------------
     def _send(self, rows: Tensor, send_counts: List[int], recv_counts: List[int], key: str,
-              direction: str, levels: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
+              direction: str, levels: Optional[Tuple[Tensor, Tensor]] = None,
+              cached: bool = False, channel: str = "post") -> Tensor:
         r"""Encodes, exchanges and decodes rows.  :obj:`levels` (of the rows sent, of the
         rows received) lets a per-node codec give each row its own width: the rows then
-        travel as one byte stream whose per-peer sizes both ends compute from the levels."""
+        travel as one byte stream whose per-peer sizes both ends compute from the levels.
+        :obj:`cached` (a training exchange) lets the policy's :class:`~.cache.HaloCache`
+        skip rows the receivers hold closely enough."""
         shape = rows.shape[1:]
         flat = rows.reshape(rows.size(0), math.prod(shape))
+        cache = self.policy.cache(key, direction) if cached else None
+        if cache is not None:
+            out = self._send_cached(flat, send_counts, recv_counts, key, direction, levels,
+                                    cache, channel)
+        else:
+            out, _ = self._transfer(flat, send_counts, recv_counts, key, direction, levels)
+        return out.reshape((out.size(0), ) + tuple(shape))
+
+    def _transfer(self, flat: Tensor, send_counts: List[int], recv_counts: List[int], key: str,
+                  direction: str, levels: Optional[Tuple[Tensor, Tensor]] = None,
+                  echo: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        r"""The rows received and, with :obj:`echo`, the rows sent as the receivers decode
+        them (the sender decoding its own wire: bit for bit what arrives)."""
         codec: Codec = self.policy.codec(key, direction)
         ctx = WireContext(key, direction, self.step, self.rank, flat.size(1), flat.dtype,
                           self.seed)
@@ -215,13 +244,57 @@ class HaloExchange:
                 stream, codec.split_bytes(sent, send_counts, f),
                 codec.split_bytes(received_levels, recv_counts, f), key=key,
                 direction=direction, unit="bytes", rows=(sum(send_counts), sum(recv_counts)))
-            out = codec.decode_rows(received, received_levels, ctx)
-            return out.reshape((out.size(0), ) + tuple(shape))
+            echoed = codec.decode_rows(stream, sent, ctx) if echo else None
+            return codec.decode_rows(received, received_levels, ctx), echoed
         wire = codec.encode(flat, ctx)
         received = self.transport.exchange(wire, send_counts, recv_counts, key=key,
                                            direction=direction)
-        out = codec.decode(received, ctx)
-        return out.reshape((out.size(0), ) + tuple(shape))
+        return codec.decode(received, ctx), (codec.decode(wire, ctx) if echo else None)
+
+    def _send_cached(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
+                     key: str, direction: str, levels: Optional[Tuple[Tensor, Tensor]],
+                     cache: HaloCache, channel: str) -> Tensor:
+        r"""One training exchange through the adaptive cache (:mod:`~.cache`): a bitmask of
+        the rows that go, then those rows (or their deltas), then the receiver's copy."""
+        n_send, n_recv, f = flat.size(0), sum(recv_counts), flat.size(1)
+        state = self._cache_states.get((channel, key, direction))
+        if state is None or not state.matches(n_send, n_recv, f, flat.dtype):
+            state = CacheState(n_send, n_recv, f, flat.dtype, flat.device)
+            self._cache_states[(channel, key, direction)] = state
+        if state.fresh:  # both ends know: every row goes, no bitmask
+            sel = torch.ones(n_send, dtype=torch.bool, device=flat.device)
+            recv_sel = torch.ones(n_recv, dtype=torch.bool, device=flat.device)
+        else:
+            sel = select_rows(flat, state.mirror, state.age, cache.epsilon, cache.max_age)
+            packed = self.transport.exchange(pack_mask(sel, send_counts),
+                                             mask_bytes(send_counts), mask_bytes(recv_counts),
+                                             key=key, direction=direction, unit="bytes",
+                                             rows=(0, 0))
+            recv_sel = unpack_mask(packed, recv_counts)
+        lossless = self.policy.codec(key, direction).lossless
+        payload = flat[sel] if lossless else (flat - state.mirror)[sel]
+        if levels is not None:
+            levels = (levels[0].to(sel.device)[sel], levels[1].to(recv_sel.device)[recv_sel])
+        received, echoed = self._transfer(payload, per_peer(sel, send_counts),
+                                          per_peer(recv_sel, recv_counts), key, direction,
+                                          levels, echo=not lossless)
+        if lossless:
+            state.mirror[sel] = payload
+            state.held[recv_sel] = received.to(state.held.dtype)
+        else:
+            state.mirror[sel] += echoed.to(state.mirror.dtype)
+            state.held[recv_sel] += received.to(state.held.dtype)
+        state.age += 1
+        state.age[sel] = 0
+        state.fresh = False
+        self.stats.record_cache(key, direction, eligible=n_send,
+                                skipped=n_send - int(sel.sum()))
+        return state.held.clone()  # autograd keeps the output; the cache changes next step
+
+    def clear_cache(self) -> None:
+        r"""Forgets every cached row: the next training exchange of each point sends all
+        rows (every rank must clear at the same point of training)."""
+        self._cache_states.clear()
 
     def _post_levels(self, direction: str) -> Optional[Tuple[Tensor, Tensor]]:
         if self.send_levels is None:
@@ -235,38 +308,38 @@ class _HaloRows(torch.autograd.Function):
     r"""``[N_own, *] -> [N_own + N_halo, *]``; backward returns halo gradients to owners."""
 
     @staticmethod
-    def forward(ctx, x_own: Tensor, ex: HaloExchange, key: str) -> Tensor:
-        ctx.ex, ctx.key = ex, key
+    def forward(ctx, x_own: Tensor, ex: HaloExchange, key: str, cached: bool) -> Tensor:
+        ctx.ex, ctx.key, ctx.cached = ex, key, cached
         if ex.post_empty:
             return x_own.clone()
         send = x_own.index_select(0, ex.plan.post.send_index)
         halo = ex._send(send, ex._post_send, ex._post_recv, key, "forward",
-                        ex._post_levels("forward"))
+                        ex._post_levels("forward"), cached)
         return torch.cat([x_own, halo.to(x_own.dtype)], dim=0)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         ex: HaloExchange = ctx.ex
         if ex.post_empty:
-            return grad_out, None, None
+            return grad_out, None, None, None
         grad_own = grad_out[:ex.num_owned].clone()
         grad_halo = ex._send(grad_out[ex.num_owned:].contiguous(), ex._post_recv, ex._post_send,
-                             ctx.key, "backward", ex._post_levels("backward"))
+                             ctx.key, "backward", ex._post_levels("backward"), ctx.cached)
         grad_own.index_add_(0, ex.plan.post.send_index, grad_halo.to(grad_own.dtype))
-        return grad_own, None, None
+        return grad_own, None, None, None
 
 
 class _PreRows(torch.autograd.Function):
     r"""``[N_own + S_pre, *] -> [N_own, *]``: pre slots added into their owners' rows."""
 
     @staticmethod
-    def forward(ctx, aggregated: Tensor, ex: HaloExchange, key: str) -> Tensor:
-        ctx.ex, ctx.key = ex, key
+    def forward(ctx, aggregated: Tensor, ex: HaloExchange, key: str, cached: bool) -> Tensor:
+        ctx.ex, ctx.key, ctx.cached = ex, key, cached
         n = ex.num_owned
         if ex.pre_empty:
             return aggregated[:n].clone()
         received = ex._send(aggregated[n:].contiguous(), ex._pre_send, ex._pre_recv, key,
-                            "forward")
+                            "forward", cached=cached, channel="pre")
         out = aggregated[:n].clone()
         out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
         return out
@@ -275,7 +348,8 @@ class _PreRows(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         ex: HaloExchange = ctx.ex
         if ex.pre_empty:
-            return grad_out, None, None  # no pre slots in this mode
+            return grad_out, None, None, None  # no pre slots in this mode
         grad_rows = grad_out.index_select(0, ex.plan.pre.recv_index)
-        grad_slots = ex._send(grad_rows, ex._pre_recv, ex._pre_send, ctx.key, "backward")
-        return torch.cat([grad_out, grad_slots.to(grad_out.dtype)], dim=0), None, None
+        grad_slots = ex._send(grad_rows, ex._pre_recv, ex._pre_send, ctx.key, "backward",
+                              cached=ctx.cached, channel="pre")
+        return torch.cat([grad_out, grad_slots.to(grad_out.dtype)], dim=0), None, None, None

@@ -4,7 +4,8 @@ An exchange point is one tensor a layer exchanges in one call, named
 ``"<layer>.<propagate|edge_update><call>.<argument>"`` (e.g. ``"conv1.propagate0.x"``,
 ``"conv2.degree"``) for halo rows, with ``".pre"`` appended for partial aggregates.  A policy
 maps points and directions (``"forward"`` rows, ``"backward"`` gradients) to how they cross the
-wire.  Today that is a codec (exact by default); caching, staleness and sampling attach here.
+wire: a codec (exact by default) and, for training exchanges, an adaptive halo cache
+(:class:`~.cache.HaloCache`, none by default).
 
 Example::
 
@@ -13,6 +14,7 @@ Example::
 from fnmatch import fnmatchcase
 from typing import Iterator, Mapping, Optional, Union
 
+from .cache import HaloCache
 from .codecs import Codec, IdentityCodec
 
 __all__ = ["ExchangePolicy", "DIRECTIONS"]
@@ -29,11 +31,15 @@ class ExchangePolicy:
         backward (Codec, optional): Codec of backward gradients (overrides :obj:`codec`).
         points (Mapping[str, ExchangePolicy or Codec], optional): Policies of the exchange
             points whose key matches a glob pattern; the first matching pattern wins.
+        cache (HaloCache, float or str, optional): Adaptive halo cache of training exchanges
+            (:class:`~.cache.HaloCache`, a threshold :math:`\epsilon`, or ``"adaptive"``);
+            default none.
     """
 
     def __init__(self, codec: Optional[Codec] = None, *, forward: Optional[Codec] = None,
                  backward: Optional[Codec] = None,
-                 points: Optional[Mapping[str, Union["ExchangePolicy", Codec]]] = None) -> None:
+                 points: Optional[Mapping[str, Union["ExchangePolicy", Codec]]] = None,
+                 cache: Union[None, float, str, HaloCache] = None) -> None:
         for name, value in (("codec", codec), ("forward", forward), ("backward", backward)):
             if value is not None and not isinstance(value, Codec):
                 raise TypeError(f"ExchangePolicy({name}=...) takes a Codec, got "
@@ -42,6 +48,15 @@ class ExchangePolicy:
         self.points = {pattern: (rule if isinstance(rule, ExchangePolicy) else
                                  ExchangePolicy(rule)) for pattern, rule in (points or {}).items()}
         self._identity = IdentityCodec()
+        self._cache = HaloCache.of(cache)
+
+    def with_cache(self, cache: Union[None, bool, float, str, HaloCache]) -> "ExchangePolicy":
+        r"""A copy of this policy whose exchange points (those without a cache of their own)
+        use :obj:`cache`."""
+        copy = ExchangePolicy.__new__(ExchangePolicy)
+        copy.__dict__.update(self.__dict__)
+        copy._cache = HaloCache.of(cache)
+        return copy
 
     @classmethod
     def of(cls, value: Union[None, str, "ExchangePolicy", Codec]) -> "ExchangePolicy":
@@ -68,11 +83,33 @@ class ExchangePolicy:
                 return rule.codec(key, direction)
         return self._codecs[direction] or self._identity
 
+    def cache(self, key: str, direction: str) -> Optional[HaloCache]:
+        r"""The halo cache of exchange point :obj:`key` in :obj:`direction` (``None``: every
+        training exchange sends all rows)."""
+        for pattern, rule in self.points.items():
+            if fnmatchcase(key, pattern):
+                found = rule.cache(key, direction)
+                if found is not None:
+                    return found
+                break
+        return self._cache if self._cache is not None and self._cache.applies(direction) \
+            else None
+
+    def caches(self) -> Iterator[HaloCache]:
+        r"""Every halo cache this policy can return, once each."""
+        seen = set()
+        for cache in [self._cache] + [c for p in self.points.values() for c in p.caches()]:
+            if cache is not None and id(cache) not in seen:
+                seen.add(id(cache))
+                yield cache
+
     @property
     def lossless(self) -> bool:
-        r"""Whether every codec this policy can return is lossless."""
+        r"""Whether every codec this policy can return is lossless and no cache serves rows
+        that changed (:math:`\epsilon > 0`)."""
         codecs = [c for c in self._codecs.values() if c is not None]
-        return all(c.lossless for c in codecs) and all(p.lossless for p in self.points.values())
+        return all(c.lossless for c in codecs) and all(p.lossless for p in self.points.values()) \
+            and all(c.lossless for c in self.caches())
 
     def codecs(self) -> Iterator[Codec]:
         r"""Every codec this policy can return, once each (not the exact default)."""
@@ -96,6 +133,9 @@ class ExchangePolicy:
             return "bf16" if type(codec).__name__ == "BFloat16Codec" else type(codec).__name__
         forward, backward = (name(self._codecs[d]) for d in DIRECTIONS)
         text = forward if forward == backward else f"forward {forward}, backward {backward}"
+        if self._cache is not None:
+            text += f", adaptive cache (epsilon {self._cache.epsilon:g}, max age " \
+                    f"{self._cache.max_age})"
         if self.points:
             text += " (" + ", ".join(f"{k}: {p.describe()}" for k, p in self.points.items()) \
                 + ")"

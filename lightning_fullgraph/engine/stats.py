@@ -18,8 +18,12 @@ class ExchangeCounter:
     seconds: float = 0.0
     inter_host_bytes_sent: int = 0  # the part of bytes_sent that went to other hosts
     inter_host_bytes_received: int = 0
+    rows_eligible: int = 0  # rows a cached exchange could have sent
+    rows_skipped: int = 0  # of which the receivers' cached copies served
 
     def add(self, other: "ExchangeCounter") -> None:
+        self.rows_eligible += other.rows_eligible
+        self.rows_skipped += other.rows_skipped
         self.inter_host_bytes_sent += other.inter_host_bytes_sent
         self.inter_host_bytes_received += other.inter_host_bytes_received
         self.calls += other.calls
@@ -55,6 +59,12 @@ class CommStats:
         c.rows_received += rows_received
         c.seconds += seconds
 
+    def record_cache(self, key: str, direction: str, *, eligible: int, skipped: int) -> None:
+        r"""Rows an adaptive-cache exchange could have sent, and how many it skipped."""
+        c = self.counters[(key, direction)]
+        c.rows_eligible += eligible
+        c.rows_skipped += skipped
+
     def reset(self) -> None:
         self.counters.clear()
 
@@ -88,4 +98,6 @@ class CommStats:
         out["comm/inter_host_bytes_received"] = float(t.inter_host_bytes_received)
         out["comm/seconds"] = t.seconds
         out["comm/exchanges"] = float(t.calls)
+        out["comm/rows_eligible"] = float(t.rows_eligible)
+        out["comm/rows_skipped"] = float(t.rows_skipped)
         return out

@@ -42,7 +42,7 @@ from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from .. import compat
-from ..engine import Codec, ExchangePolicy, FullGraphEngine
+from ..engine import Codec, ExchangePolicy, FullGraphEngine, HaloCache
 from ..engine.aggregation import MODES as AGGREGATION_MODES
 from .signals import DeferredSignals
 
@@ -97,6 +97,13 @@ class FullGraphStrategy(DDPStrategy):
             :mod:`lightning_fullgraph.engine.codecs.registry`), a codec or a policy
             (default: exact).  A lossy codec is announced at setup and its bits per feature
             are logged (``comm/bits``).
+        cache (str, float or HaloCache, optional): Adaptive halo cache of training
+            exchanges (CDFGNN): rows and gradients are sent again only when they moved by
+            more than a relative threshold :math:`\epsilon` (``"adaptive"``: the defaults
+            of :class:`~lightning_fullgraph.engine.HaloCache`, :math:`\epsilon = 0.01`,
+            at most 20 steps stale; a number: that :math:`\epsilon`; ``0`` is exact).  Pair
+            it with :class:`~lightning_fullgraph.callbacks.AdaptiveCacheThreshold` to adapt
+            :math:`\epsilon` during training.  Default none.
         aggregation (str): How cut edges of sum/mean layers with scalar edge messages
             (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
@@ -124,6 +131,7 @@ class FullGraphStrategy(DDPStrategy):
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                  sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
                  codec: Union[None, str, Codec, ExchangePolicy] = None,
+                 cache: Union[None, str, float, HaloCache] = None,
                  aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
@@ -145,6 +153,7 @@ class FullGraphStrategy(DDPStrategy):
         self.sync_batchnorm = sync_batchnorm
         self.kernels = kernels
         self.codec = codec
+        self.cache = HaloCache.of(cache)  # validated now, not at setup on every rank
         self.aggregation = aggregation
         self.num_threads = num_threads
         self.log_communication = log_communication
@@ -283,13 +292,15 @@ class FullGraphStrategy(DDPStrategy):
                              "accumulate_grad_batches must be 1")
         group = self._engine_group()
         self.engine = FullGraphEngine(partition, group=group, codec=self.codec,
-                                      loss_mask=self.loss_mask, timeout=self.collective_timeout,
+                                      cache=self.cache, loss_mask=self.loss_mask,
+                                      timeout=self.collective_timeout,
                                       aggregation=self.aggregation,
                                       ranks_per_host=self.num_processes)
         if not self.engine.policy.lossless:
             rank_zero_warn(f"FullGraphStrategy: halo rows cross the wire with a lossy codec "
-                           f"({self.engine.policy.describe()}); training is not exact (use "
-                           "codec=None for the single-process result)", category=UserWarning)
+                           f"or cache ({self.engine.policy.describe()}); training is not exact "
+                           "(use codec=None, cache=None for the single-process result)",
+                           category=UserWarning)
         self._signals = DeferredSignals(group, self.collective_timeout)
         super().setup(trainer)
 
