@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "moved by more than a relative threshold; 'adaptive' adapts the "
                         "threshold from the training accuracy (AdaptiveCacheThreshold, "
                         "starting at 0.01), a number fixes it (0 is exact); default none")
+    t.add_argument("--pipeline", default="sync", choices=["sync", "async", "adaptive"],
+                   help="halo exchange pipeline: 'sync' (default, exact), 'async' (PipeGCN: "
+                        "halo rows and gradients one epoch stale while this epoch's are in "
+                        "flight, a synchronous epoch after 10 async ones), 'adaptive' (SYLVIE: "
+                        "sync or async per epoch from the loss-descent rate)")
     t.add_argument("--timeout", type=float, default=300.0,
                    help="collective timeout in seconds: a rank waiting longer for a stuck "
                         "peer stops with an error naming the exchange (default: 300)")
@@ -267,6 +272,7 @@ def _train(args) -> int:
         strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
                                      aggregation=args.aggregation, codec=args.codec,
                                      cache=None if args.cache == "none" else args.cache,
+                                     pipeline=None if args.pipeline == "sync" else args.pipeline,
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
         if args.adaptive_bits:
@@ -275,6 +281,9 @@ def _train(args) -> int:
         if args.cache == "adaptive":
             from .callbacks import AdaptiveCacheThreshold
             callbacks.append(AdaptiveCacheThreshold())
+        if args.pipeline == "adaptive":
+            from .callbacks import PipelineAdaptor
+            callbacks.append(PipelineAdaptor())
         num_features = num_classes = None  # sized from the partitions in configure_model
 
     def model(in_channels: int, out_channels: int):
@@ -309,6 +318,7 @@ def _train(args) -> int:
         "aggregation": args.aggregation if args.strategy == "fullgraph" else None,
         "codec": args.codec if args.strategy == "fullgraph" else None,
         "cache": args.cache if args.strategy == "fullgraph" else None,
+        "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),

@@ -44,7 +44,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
                     trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                     loss_mask: str = "train_mask",
                     timeout: Optional[float] = None,
-                    aggregation: str = "hybrid", cache: Any = None) -> FullGraphEngine:
+                    aggregation: str = "hybrid", cache: Any = None,
+                    pipeline: Any = None) -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
     :obj:`model` to it.
 
@@ -64,6 +65,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
             :class:`~lightning_fullgraph.engine.FullGraphEngine`).
         cache (HaloCache, float or str, optional): Adaptive halo cache of training
             exchanges (:class:`~lightning_fullgraph.engine.HaloCache`; default none).
+        pipeline (AsyncPipeline or str, optional): Asynchronous halo pipeline
+            (:class:`~lightning_fullgraph.engine.AsyncPipeline`, ``"async"``; default none).
 
     Returns:
         The :class:`~lightning_fullgraph.engine.FullGraphEngine`; its ``data`` is the
@@ -90,7 +93,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         from datetime import timedelta
         group = dist.new_group(timeout=timedelta(seconds=float(timeout)))
     engine = FullGraphEngine(partition, group=group, codec=codec, cache=cache,
-                             loss_mask=loss_mask, timeout=timeout, aggregation=aggregation)
+                             pipeline=pipeline, loss_mask=loss_mask, timeout=timeout,
+                             aggregation=aggregation)
     model.to(fabric.device)
     engine.to(fabric.device)
     engine.attach(model, trusted_layers=trusted_layers)

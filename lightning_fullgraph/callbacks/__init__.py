@@ -2,8 +2,9 @@ r"""Lightning callbacks of lightning-fullgraph."""
 from .adaptive_bits import AdaptiveBitWidth, BitWidthController, apply_bit_width, exchange_codecs
 from .cache_threshold import AdaptiveCacheThreshold, CacheThresholdController
 from .communication import CommunicationMonitor
+from .pipeline_adaptor import PipelineAdaptor, PipelineController
 from .random_state import RandomStateCheckpoint
 
 __all__ = ["CommunicationMonitor", "RandomStateCheckpoint", "AdaptiveBitWidth",
            "BitWidthController", "apply_bit_width", "exchange_codecs", "AdaptiveCacheThreshold",
-           "CacheThresholdController"]
+           "CacheThresholdController", "PipelineAdaptor", "PipelineController"]

@@ -55,6 +55,9 @@ class FullGraphEngine:
             exchange point or per point and direction (default: exact).
         cache (HaloCache, float or str, optional): Adaptive halo cache of training
             exchanges (:class:`~.cache.HaloCache`; default none).
+        pipeline (AsyncPipeline or str, optional): Asynchronous pipeline of training
+            exchanges (:class:`~.pipeline.AsyncPipeline`, ``"async"``, ``"adaptive"``;
+            default none: synchronous).
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
         timeout (float or timedelta, optional): The collective timeout of
@@ -73,7 +76,8 @@ class FullGraphEngine:
     """
 
     def __init__(self, partition, group: Optional[Any] = None, codec: Any = None,
-                 cache: Any = None, loss_mask: str = "train_mask", timeout: Optional[Any] = None,
+                 cache: Any = None, pipeline: Any = None, loss_mask: str = "train_mask",
+                 timeout: Optional[Any] = None,
                  aggregation: str = "hybrid", seed: int = 0,
                  cache_static: bool = True, ranks_per_host: Optional[int] = None) -> None:
         if aggregation not in MODES:
@@ -85,6 +89,8 @@ class FullGraphEngine:
         self.policy = ExchangePolicy.of(codec)
         if cache is not None:
             self.policy = self.policy.with_cache(cache)
+        if pipeline is not None:
+            self.policy = self.policy.with_pipeline(pipeline)
         self.transport = Transport(group, timeout=timeout, ranks_per_host=ranks_per_host)
         self.exchanges = {mode: HaloExchange(partition.plan(mode), self.transport, self.policy,
                                              seed)
@@ -178,8 +184,21 @@ class FullGraphEngine:
             self._kernel_handle = kernels.accelerate(self._model.model, backend=backend)
         self._model.wrap_static()
 
+    def drain(self) -> None:
+        r"""Completes the asynchronous pipeline's transfers still in flight (all ranks call
+        it at the same point: at the end of training, before tearing the group down)."""
+        for exchange in self._all_exchanges():
+            exchange.drain()
+
+    def clear_cache(self) -> None:
+        r"""Forgets the halo cache and the pipeline's rows: the next training exchange of
+        every point sends all rows, synchronously (all ranks at the same point)."""
+        for exchange in self._all_exchanges():
+            exchange.clear_cache()
+
     def detach(self) -> Optional[torch.nn.Module]:
         r"""Reverts the attached model to its original form (kernels included)."""
+        self.drain()
         if self._model is not None:
             self._model.unwrap_static()
         if self._kernel_handle is not None:

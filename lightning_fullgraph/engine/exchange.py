@@ -25,6 +25,7 @@ from torch import Tensor
 from .cache import (CacheState, HaloCache, mask_bytes, pack_mask, per_peer, select_rows,
                     unpack_mask)
 from .codecs import Codec, WireContext
+from .pipeline import AsyncPipeline, PipeState
 from .context import current_layer
 from .policy import ExchangePolicy
 from .stats import CommStats
@@ -86,6 +87,8 @@ class HaloExchange:
         self.halo_levels: Optional[Tensor] = None
         # The adaptive halo cache's state per (channel, exchange point, direction).
         self._cache_states: dict = {}
+        # The asynchronous pipeline's state, keyed the same way.
+        self._pipes: dict = {}
         # Ranks this rank exchanges anything with (named when a collective fails).
         self.peers = tuple(r for r in range(world) if r != self.rank and (
             self._post_send[r] or self._post_recv[r] or self._pre_send[r] or self._pre_recv[r]))
@@ -221,9 +224,13 @@ class HaloExchange:
         shape = rows.shape[1:]
         flat = rows.reshape(rows.size(0), math.prod(shape))
         cache = self.policy.cache(key, direction) if cached else None
+        pipeline = self.policy.pipeline if cached else None
         if cache is not None:
             out = self._send_cached(flat, send_counts, recv_counts, key, direction, levels,
                                     cache, channel)
+        elif pipeline is not None:
+            out = self._send_pipelined(flat, send_counts, recv_counts, key, direction, levels,
+                                       pipeline, channel)
         else:
             out, _ = self._transfer(flat, send_counts, recv_counts, key, direction, levels)
         return out.reshape((out.size(0), ) + tuple(shape))
@@ -250,6 +257,57 @@ class HaloExchange:
         received = self.transport.exchange(wire, send_counts, recv_counts, key=key,
                                            direction=direction)
         return codec.decode(received, ctx), (codec.decode(wire, ctx) if echo else None)
+
+    def _transfer_async(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
+                        key: str, direction: str,
+                        levels: Optional[Tuple[Tensor, Tensor]] = None):
+        r"""Starts a transfer; returns the function that completes and decodes it."""
+        codec: Codec = self.policy.codec(key, direction)
+        ctx = WireContext(key, direction, self.step, self.rank, flat.size(1), flat.dtype,
+                          self.seed)
+        if levels is not None and getattr(codec, "per_node", False):
+            sent, received_levels = levels
+            f = flat.size(1)
+            pending = self.transport.exchange(
+                codec.encode_rows(flat, sent, ctx), codec.split_bytes(sent, send_counts, f),
+                codec.split_bytes(received_levels, recv_counts, f), key=key,
+                direction=direction, unit="bytes", rows=(sum(send_counts), sum(recv_counts)),
+                async_op=True)
+            return lambda: codec.decode_rows(pending.wait(), received_levels, ctx)
+        pending = self.transport.exchange(codec.encode(flat, ctx), send_counts, recv_counts,
+                                          key=key, direction=direction, async_op=True)
+        return lambda: codec.decode(pending.wait(), ctx)
+
+    def _send_pipelined(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
+                        key: str, direction: str, levels: Optional[Tuple[Tensor, Tensor]],
+                        pipeline: AsyncPipeline, channel: str) -> Tensor:
+        r"""One training exchange of the asynchronous pipeline (:mod:`~.pipeline`): start
+        this step's transfer, return what arrived during the previous step."""
+        n_recv, f = sum(recv_counts), flat.size(1)
+        sk = (channel, key, direction)
+        state = self._pipes.get(sk)
+        if state is not None and tuple(state.last.shape) != (n_recv, f):
+            state.drain()
+            state = None
+        bound = pipeline.max_async_epochs
+        if pipeline.mode == "async" and state is not None and (bound == 0 or state.run < bound):
+            state.drain()  # the previous step's rows: in flight since then
+            stale = state.last
+            state.inflight = self._transfer_async(flat, send_counts, recv_counts, key,
+                                                  direction, levels)
+            state.run += 1
+            return stale
+        if state is not None:
+            state.drain()  # keep the collectives in order before the synchronous one
+        received, _ = self._transfer(flat, send_counts, recv_counts, key, direction, levels)
+        self._pipes[sk] = PipeState(last=received)
+        return received
+
+    def drain(self) -> None:
+        r"""Completes every asynchronous transfer still in flight (before evaluation that
+        must not overlap it, a checkpoint, or tearing the process group down)."""
+        for state in self._pipes.values():
+            state.drain()
 
     def _send_cached(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
                      key: str, direction: str, levels: Optional[Tuple[Tensor, Tensor]],
@@ -292,9 +350,12 @@ class HaloExchange:
         return state.held.clone()  # autograd keeps the output; the cache changes next step
 
     def clear_cache(self) -> None:
-        r"""Forgets every cached row: the next training exchange of each point sends all
-        rows (every rank must clear at the same point of training)."""
+        r"""Forgets every cached row and pipelined transfer: the next training exchange of
+        each point sends all rows and is synchronous (every rank must clear at the same point
+        of training)."""
+        self.drain()
         self._cache_states.clear()
+        self._pipes.clear()
 
     def _post_levels(self, direction: str) -> Optional[Tuple[Tensor, Tensor]]:
         if self.send_levels is None:

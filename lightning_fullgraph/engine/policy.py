@@ -15,6 +15,7 @@ from fnmatch import fnmatchcase
 from typing import Iterator, Mapping, Optional, Union
 
 from .cache import HaloCache
+from .pipeline import AsyncPipeline
 from .codecs import Codec, IdentityCodec
 
 __all__ = ["ExchangePolicy", "DIRECTIONS"]
@@ -34,12 +35,16 @@ class ExchangePolicy:
         cache (HaloCache, float or str, optional): Adaptive halo cache of training exchanges
             (:class:`~.cache.HaloCache`, a threshold :math:`\epsilon`, or ``"adaptive"``);
             default none.
+        pipeline (AsyncPipeline or str, optional): Asynchronous pipeline of training
+            exchanges (:class:`~.pipeline.AsyncPipeline`, ``"async"`` or ``"adaptive"``);
+            default none (synchronous).  It cannot be combined with a cache yet.
     """
 
     def __init__(self, codec: Optional[Codec] = None, *, forward: Optional[Codec] = None,
                  backward: Optional[Codec] = None,
                  points: Optional[Mapping[str, Union["ExchangePolicy", Codec]]] = None,
-                 cache: Union[None, float, str, HaloCache] = None) -> None:
+                 cache: Union[None, float, str, HaloCache] = None,
+                 pipeline: Union[None, str, AsyncPipeline] = None) -> None:
         for name, value in (("codec", codec), ("forward", forward), ("backward", backward)):
             if value is not None and not isinstance(value, Codec):
                 raise TypeError(f"ExchangePolicy({name}=...) takes a Codec, got "
@@ -49,6 +54,14 @@ class ExchangePolicy:
                                  ExchangePolicy(rule)) for pattern, rule in (points or {}).items()}
         self._identity = IdentityCodec()
         self._cache = HaloCache.of(cache)
+        self.pipeline = AsyncPipeline.of(pipeline)
+        self._check()
+
+    def _check(self) -> None:
+        if self.pipeline is not None and any(True for _ in self.caches()):
+            raise ValueError("an asynchronous pipeline and a halo cache cannot be combined yet "
+                             "(the cache's mirror assumes the receiver applies each update at "
+                             "once); choose one")
 
     def with_cache(self, cache: Union[None, bool, float, str, HaloCache]) -> "ExchangePolicy":
         r"""A copy of this policy whose exchange points (those without a cache of their own)
@@ -56,6 +69,15 @@ class ExchangePolicy:
         copy = ExchangePolicy.__new__(ExchangePolicy)
         copy.__dict__.update(self.__dict__)
         copy._cache = HaloCache.of(cache)
+        copy._check()
+        return copy
+
+    def with_pipeline(self, pipeline: Union[None, str, AsyncPipeline]) -> "ExchangePolicy":
+        r"""A copy of this policy with the asynchronous :obj:`pipeline`."""
+        copy = ExchangePolicy.__new__(ExchangePolicy)
+        copy.__dict__.update(self.__dict__)
+        copy.pipeline = AsyncPipeline.of(pipeline)
+        copy._check()
         return copy
 
     @classmethod
@@ -109,7 +131,7 @@ class ExchangePolicy:
         that changed (:math:`\epsilon > 0`)."""
         codecs = [c for c in self._codecs.values() if c is not None]
         return all(c.lossless for c in codecs) and all(p.lossless for p in self.points.values()) \
-            and all(c.lossless for c in self.caches())
+            and all(c.lossless for c in self.caches()) and self.pipeline is None
 
     def codecs(self) -> Iterator[Codec]:
         r"""Every codec this policy can return, once each (not the exact default)."""
@@ -133,6 +155,9 @@ class ExchangePolicy:
             return "bf16" if type(codec).__name__ == "BFloat16Codec" else type(codec).__name__
         forward, backward = (name(self._codecs[d]) for d in DIRECTIONS)
         text = forward if forward == backward else f"forward {forward}, backward {backward}"
+        if self.pipeline is not None:
+            text += f", {self.pipeline.mode} pipeline (at most {self.pipeline.max_async_epochs} " \
+                    "async epochs in a row)"
         if self._cache is not None:
             text += f", adaptive cache (epsilon {self._cache.epsilon:g}, max age " \
                     f"{self._cache.max_age})"

@@ -59,6 +59,10 @@ class CommStats:
         c.rows_received += rows_received
         c.seconds += seconds
 
+    def add_seconds(self, key: str, direction: str, seconds: float) -> None:
+        r"""Time spent waiting for an asynchronous exchange already recorded."""
+        self.counters[(key, direction)].seconds += seconds
+
     def record_cache(self, key: str, direction: str, *, eligible: int, skipped: int) -> None:
         r"""Rows an adaptive-cache exchange could have sent, and how many it skipped."""
         c = self.counters[(key, direction)]

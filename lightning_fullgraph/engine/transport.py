@@ -31,8 +31,9 @@ _HALF = (torch.float16, torch.bfloat16)
 class PendingExchange:
     r"""An exchange in flight; :meth:`wait` returns the received tensor.
 
-    The receive buffer must not be read before :meth:`wait`.  Bytes, rows and seconds are
-    counted when :meth:`wait` completes it (once, however often it is called).
+    The receive buffer must not be read before :meth:`wait`.  Bytes and rows are counted when
+    the transfer starts, the seconds a caller spends blocked in :meth:`wait` when it returns
+    (once, however often it is called).
     """
 
     recv: Tensor
@@ -40,14 +41,18 @@ class PendingExchange:
     _finish: Optional[Callable[[Tensor], Tensor]] = None
     _on_done: Optional[Callable[[], None]] = None
     _done: bool = field(default=False)
+    on_wait: Optional[Callable[[float], None]] = None  # gets the seconds blocked in wait()
 
     def wait(self) -> Tensor:
         if not self._done:
+            start = time.perf_counter()
             if self._work is not None:
                 self._work.wait()
             self.recv = self._finish(self.recv) if self._finish is not None else self.recv
             if self._on_done is not None:
                 self._on_done()
+            if self.on_wait is not None:
+                self.on_wait(time.perf_counter() - start)
             self._done = True
         return self.recv
 
@@ -141,10 +146,19 @@ class Transport:
 
         finish = (lambda t: restore(t).to(send.device, non_blocking=True)) \
             if restore is not None else None
-        pending = PendingExchange(recv, work if async_op else None, finish, record)
         if async_op:
-            return pending
-        return pending.wait()
+            # Bytes count when the transfer starts (so an epoch counts what it sent); the
+            # seconds are the time a caller is blocked in wait(), the exposed exchange time.
+            self.stats.record(key, direction, bytes_sent=bytes_sent,
+                              bytes_received=bytes_received, rows_sent=rows_sent,
+                              rows_received=rows_received, seconds=0.0,
+                              inter_host_bytes_sent=inter_sent,
+                              inter_host_bytes_received=inter_received)
+
+            def exposed(waited: float) -> None:
+                self.stats.add_seconds(key, direction, waited)
+            return PendingExchange(recv, work, finish, None, on_wait=exposed)
+        return PendingExchange(recv, None, finish, record).wait()
 
     # -- device and dtype handling ----------------------------------------------------------
     def _for_backend(self, wire: Tensor):

@@ -42,7 +42,7 @@ from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from .. import compat
-from ..engine import Codec, ExchangePolicy, FullGraphEngine, HaloCache
+from ..engine import AsyncPipeline, Codec, ExchangePolicy, FullGraphEngine, HaloCache
 from ..engine.aggregation import MODES as AGGREGATION_MODES
 from .signals import DeferredSignals
 
@@ -104,6 +104,12 @@ class FullGraphStrategy(DDPStrategy):
             at most 20 steps stale; a number: that :math:`\epsilon`; ``0`` is exact).  Pair
             it with :class:`~lightning_fullgraph.callbacks.AdaptiveCacheThreshold` to adapt
             :math:`\epsilon` during training.  Default none.
+        pipeline (str or AsyncPipeline, optional): Asynchronous halo pipeline (PipeGCN):
+            ``"async"`` trains on halo rows and gradients one epoch stale while this epoch's
+            are in flight (at most ``max_async_epochs`` = 10 epochs in a row, then one
+            synchronous); ``"adaptive"`` lets
+            :class:`~lightning_fullgraph.callbacks.PipelineAdaptor` switch between sync and
+            async from the loss-descent rate (SYLVIE).  Default none (synchronous, exact).
         aggregation (str): How cut edges of sum/mean layers with scalar edge messages
             (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
@@ -132,6 +138,7 @@ class FullGraphStrategy(DDPStrategy):
                  sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
                  codec: Union[None, str, Codec, ExchangePolicy] = None,
                  cache: Union[None, str, float, HaloCache] = None,
+                 pipeline: Union[None, str, AsyncPipeline] = None,
                  aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
@@ -154,6 +161,8 @@ class FullGraphStrategy(DDPStrategy):
         self.kernels = kernels
         self.codec = codec
         self.cache = HaloCache.of(cache)  # validated now, not at setup on every rank
+        self.pipeline = AsyncPipeline.of(pipeline)
+        ExchangePolicy(cache=self.cache, pipeline=self.pipeline)  # refuses what cannot combine
         self.aggregation = aggregation
         self.num_threads = num_threads
         self.log_communication = log_communication
@@ -292,7 +301,8 @@ class FullGraphStrategy(DDPStrategy):
                              "accumulate_grad_batches must be 1")
         group = self._engine_group()
         self.engine = FullGraphEngine(partition, group=group, codec=self.codec,
-                                      cache=self.cache, loss_mask=self.loss_mask,
+                                      cache=self.cache, pipeline=self.pipeline,
+                                      loss_mask=self.loss_mask,
                                       timeout=self.collective_timeout,
                                       aggregation=self.aggregation,
                                       ranks_per_host=self.num_processes)
@@ -350,6 +360,11 @@ class FullGraphStrategy(DDPStrategy):
     def on_train_start(self) -> None:
         super().on_train_start()
         self._install_signals()
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self.engine is not None:
+            self.engine.drain()  # the pipeline's last transfers, before anything else
 
     def on_validation_start(self) -> None:
         super().on_validation_start()
