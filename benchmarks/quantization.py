@@ -28,111 +28,31 @@ predicted bytes equal the engine's counters exactly for fixed-width codecs, see
 ``benchmarks/planner.py`` and ``tests/planner``), as a ratio to post-aggregated fp32.  Per-node
 widths are measured in training only (the planner does not model them yet).
 
-Every finished run is appended to ``--runs`` (JSON lines); a later invocation reuses the runs
-already there (same dataset, model, configuration, seed, epochs, hidden width and processes), so
-an interrupted benchmark resumes where it stopped.
+Every finished run is appended to ``--runs`` (JSON lines; :mod:`training_runs`); a later
+invocation reuses the runs already there (same dataset, model, configuration, seed, epochs,
+hidden width and processes), so an interrupted benchmark resumes where it stopped.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from training_runs import Runs, compare, table  # noqa: E402
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2", "int1", "adaptive")
-#: Configuration name -> (codec, extra ``train`` flags).
-CONFIGS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
-    **{c: (c, ()) for c in CODECS},
-    "adaptive+schedule": ("adaptive", ("--adaptive-bits",)),
+#: Configuration name -> ``train`` flags.
+CONFIGS: Dict[str, Tuple[str, ...]] = {
+    "fp32": (),
+    **{c: ("--codec", c) for c in CODECS if c != "fp32"},
+    "adaptive+schedule": ("--codec", "adaptive", "--adaptive-bits"),
 }
-
-
-class Runs:
-    r"""The finished ``train`` runs, kept in a JSON-lines file so that reruns reuse them."""
-
-    def __init__(self, path: Optional[Path]) -> None:
-        self.path = path
-        self.done: Dict[str, Dict] = {}
-        if path is not None and path.is_file():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    run = json.loads(line)
-                    self.done[run["key"]] = run
-
-    def get(self, key: str) -> Optional[Dict]:
-        return self.done.get(key)
-
-    def add(self, run: Dict) -> None:
-        self.done[run["key"]] = run
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as fh:
-                fh.write(json.dumps(run) + "\n")
-
-
-def _train(args, runs: Runs, dataset: str, model: str, config: str, seed: int, epochs: int,
-           hidden: int, aggregation: str = "hybrid") -> Dict:
-    codec, extra = CONFIGS[config]
-    key = json.dumps([dataset, model, config, seed, epochs, hidden, args.parts, aggregation])
-    if runs.get(key) is not None:
-        return runs.get(key)
-    cmd = [sys.executable, "-m", "lightning_fullgraph.cli", "train", "--json", "--no-progress",
-           "--dataset", dataset, "--devices", str(args.parts), "--model", model,
-           "--epochs", str(epochs), "--hidden", str(hidden), "--seed", str(seed),
-           "--codec", codec, "--aggregation", aggregation, *extra]
-    t0 = time.perf_counter()
-    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if run.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stderr[-3000:]}")
-    out = json.loads(run.stdout[run.stdout.index("{"):])
-    out["wall_s"] = round(time.perf_counter() - t0, 1)
-    out["key"], out["config"] = key, config
-    runs.add(out)
-    return out
-
-
-def accuracy(args, runs: Runs, say, dataset: str, seeds: List[int], epochs: int,
-             hidden: int) -> List[Dict[str, Any]]:
-    rows = []
-    for model in args.models:
-        baseline = [_train(args, runs, dataset, model, "fp32", s, epochs, hidden, "post")
-                    for s in seeds]
-        post_mb = statistics.mean(r["comm_MB_per_epoch_per_rank"] for r in baseline)
-        say(f"{dataset} {model} post fp32: {post_mb:.4f} MB/epoch/rank")
-        fp32_acc = fp32_mb = None
-        for config in args.configs:
-            done = []
-            for seed in seeds:
-                done.append(_train(args, runs, dataset, model, config, seed, epochs, hidden))
-                r = done[-1]
-                say(f"{dataset} {model} {config} seed {seed}: test {r['test_acc']:.4f}, "
-                    f"{r['comm_MB_per_epoch_per_rank']:.4f} MB/epoch/rank, {r['wall_s']} s")
-            acc = [r["test_acc"] for r in done]
-            mb = statistics.mean(r["comm_MB_per_epoch_per_rank"] for r in done)
-            mean = statistics.mean(acc)
-            if config == "fp32":
-                fp32_acc, fp32_mb = mean, mb
-            rows.append({
-                "dataset": dataset, "model": model, "config": config,
-                "codec": CONFIGS[config][0], "aggregation": "hybrid", "seeds": seeds,
-                "epochs": epochs, "hidden": hidden,
-                "test_acc": acc, "test_acc_mean": mean,
-                "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
-                "delta_pp_vs_fp32": None if fp32_acc is None else 100 * (mean - fp32_acc),
-                "MB_per_epoch_per_rank": mb, "post_fp32_MB": post_mb,
-                "reduction_vs_post_fp32": post_mb / mb if mb else None,
-                "reduction_vs_hybrid_fp32": fp32_mb / mb if mb and fp32_mb else None,
-                "bits_mean": statistics.mean(r.get("bits_mean") or 32.0 for r in done),
-                "step_s": statistics.median(r["train_step_seconds"] for r in done),
-            })
-    return rows
 
 
 def synthetic_bytes(args, say) -> List[Dict[str, Any]]:
@@ -158,19 +78,7 @@ def synthetic_bytes(args, say) -> List[Dict[str, Any]]:
 
 
 def _table(acc: List[Dict], syn: List[Dict]) -> str:
-    lines = []
-    if acc:
-        lines.append(f"{'dataset':10} {'model':5} {'config':17} {'test acc':>15} {'Δ pp':>6} "
-                     f"{'bits':>5} {'MB/ep/rank':>10} {'×post fp32':>10} {'×hybrid fp32':>12} "
-                     f"{'step ms':>8}")
-        for r in acc:
-            delta = "" if r["delta_pp_vs_fp32"] is None else f"{r['delta_pp_vs_fp32']:+.2f}"
-            lines.append(f"{r['dataset'][:10]:10} {r['model']:5} {r['config']:17} "
-                         f"{100 * r['test_acc_mean']:7.2f} ± {100 * r['test_acc_std']:5.2f} "
-                         f"{delta:>6} {r['bits_mean']:5.2f} {r['MB_per_epoch_per_rank']:10.4f} "
-                         f"{r['reduction_vs_post_fp32']:10.2f} "
-                         f"{r['reduction_vs_hybrid_fp32'] or 1.0:12.2f} "
-                         f"{1e3 * r['step_s']:8.1f}")
+    lines = [table(acc)] if acc else []
     if syn:
         lines.append("")
         lines.append(f"{'graph':36} {'codec':6} {'mode':7} {'MB/epoch':>10} {'× post fp32':>11}")
@@ -211,11 +119,12 @@ def main() -> None:
     def say(line: str) -> None:
         print(f"[quantization] {line}", file=sys.stderr, flush=True)
 
-    acc = [] if args.skip_accuracy else accuracy(args, runs, say, args.dataset, args.seeds,
-                                                  args.epochs, 16)
+    configs = {name: CONFIGS[name] for name in args.configs}
+    acc = [] if args.skip_accuracy else compare(runs, args.parts, say, args.dataset, args.models,
+                                                 configs, args.seeds, args.epochs, 16)
     if not args.skip_synthetic_training:
-        acc += accuracy(args, runs, say, args.train_synthetic, args.synthetic_seeds,
-                        args.synthetic_epochs, args.hidden)
+        acc += compare(runs, args.parts, say, args.train_synthetic, args.models, configs,
+                       args.synthetic_seeds, args.synthetic_epochs, args.hidden)
     syn = [] if args.skip_synthetic else synthetic_bytes(args, say)
     result = {"accuracy": acc, "synthetic": syn, "parts": args.parts, "epochs": args.epochs}
     if args.json:

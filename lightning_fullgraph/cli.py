@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "halo rows and gradients one epoch stale while this epoch's are in "
                         "flight, a synchronous epoch after 10 async ones), 'adaptive' (SYLVIE: "
                         "sync or async per epoch from the loss-descent rate)")
+    t.add_argument("--boundary-sampling", type=float, default=None, metavar="P",
+                   help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
+                        "each rank's halo nodes per epoch, scaled by 1/P (1 is exact)")
     t.add_argument("--timeout", type=float, default=300.0,
                    help="collective timeout in seconds: a rank waiting longer for a stuck "
                         "peer stops with an error naming the exchange (default: 300)")
@@ -273,6 +276,7 @@ def _train(args) -> int:
                                      aggregation=args.aggregation, codec=args.codec,
                                      cache=None if args.cache == "none" else args.cache,
                                      pipeline=None if args.pipeline == "sync" else args.pipeline,
+                                     boundary_sampling=args.boundary_sampling,
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
         if args.adaptive_bits:
@@ -319,6 +323,7 @@ def _train(args) -> int:
         "codec": args.codec if args.strategy == "fullgraph" else None,
         "cache": args.cache if args.strategy == "fullgraph" else None,
         "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
+        "boundary_sampling": args.boundary_sampling if args.strategy == "fullgraph" else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),

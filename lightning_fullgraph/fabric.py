@@ -45,7 +45,7 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
                     loss_mask: str = "train_mask",
                     timeout: Optional[float] = None,
                     aggregation: str = "hybrid", cache: Any = None,
-                    pipeline: Any = None) -> FullGraphEngine:
+                    pipeline: Any = None, boundary_sampling: Any = None) -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
     :obj:`model` to it.
 
@@ -67,6 +67,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
             exchanges (:class:`~lightning_fullgraph.engine.HaloCache`; default none).
         pipeline (AsyncPipeline or str, optional): Asynchronous halo pipeline
             (:class:`~lightning_fullgraph.engine.AsyncPipeline`, ``"async"``; default none).
+        boundary_sampling (float, optional): Kept fraction of halo nodes per training step
+            (:class:`~lightning_fullgraph.engine.BoundarySampling`; default none).
 
     Returns:
         The :class:`~lightning_fullgraph.engine.FullGraphEngine`; its ``data`` is the
@@ -93,7 +95,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         from datetime import timedelta
         group = dist.new_group(timeout=timedelta(seconds=float(timeout)))
     engine = FullGraphEngine(partition, group=group, codec=codec, cache=cache,
-                             pipeline=pipeline, loss_mask=loss_mask, timeout=timeout,
+                             pipeline=pipeline, sampling=boundary_sampling,
+                             loss_mask=loss_mask, timeout=timeout,
                              aggregation=aggregation)
     model.to(fabric.device)
     engine.to(fabric.device)

@@ -25,7 +25,9 @@ class CommunicationMonitor(Callback):
     (the whole training step: forward, backward, optimizer), and per layer
     ``comm/layer/<name>_MB``, and ``comm/bits``, the bits per feature of the forward rows'
     wire format (32 exact fp32, 16 bfloat16, 1-8 quantized); with an adaptive halo cache,
-    ``comm/rows_skipped_frac``, the share of the rows it could have sent that it skipped.
+    ``comm/rows_skipped_frac``, the share of the rows it could have sent that it skipped (also
+    the rows boundary sampling left out); with an asynchronous pipeline, ``comm/async`` (1 for
+    an epoch on one-epoch-stale halo rows).
     ``comm/sent_MB`` also appears in the progress bar, and ``comm/bits`` too when the codec
     is lossy.
     The last epoch's figures stay in :attr:`last` and, per rank, in
@@ -183,11 +185,15 @@ class CommunicationMonitor(Callback):
         # in the progress bar, never silently.
         from ..engine.codecs.registry import wire_bits
         metrics["comm/bits"] = wire_bits(engine.policy.codec("", "forward"))
+        pipeline = getattr(engine.policy, "pipeline", None)
+        if pipeline is not None:
+            # The epoch's mode (set before it by PipelineAdaptor, the same on every rank).
+            metrics["comm/async"] = float(pipeline.mode == "async")
         lossy = not engine.policy.lossless
         self.last = metrics
         self.history.append(dict(local))
         self._reduced.append(dict(metrics))
         for name, value in metrics.items():
-            shown = name == "comm/sent_MB" or (lossy and name == "comm/bits")
+            shown = name == "comm/sent_MB" or (lossy and name in ("comm/bits", "comm/async"))
             pl_module.log(name, value, prog_bar=self.prog_bar and shown,
                           on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False)

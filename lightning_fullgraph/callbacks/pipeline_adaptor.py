@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 import lightning.pytorch as pl
 
 from .adaptive_bits import _LDR_TIME, AdaptiveBitWidth
+from .communication import CommunicationMonitor
 
 __all__ = ["PipelineController", "PipelineAdaptor"]
 
@@ -134,10 +135,9 @@ class PipelineAdaptor(AdaptiveBitWidth):
         pipeline.mode = self.controller.mode
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if not self.log:
-            return
-        # Only the mode: AdaptiveBitWidth logs the descent rate, and Lightning refuses one
-        # name logged twice in a hook.
+        if not self.log or any(isinstance(c, CommunicationMonitor) for c in trainer.callbacks):
+            return  # the monitor logs comm/async (Lightning refuses a name logged twice)
+        # Only the mode: AdaptiveBitWidth logs the descent rate.
         pl_module.log("comm/async", float(self.controller.mode == "async"),
                       prog_bar=self.prog_bar, on_epoch=True, on_step=False, sync_dist=False,
                       rank_zero_only=False)

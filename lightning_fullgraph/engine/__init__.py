@@ -11,6 +11,7 @@ from .agreement import Agreement, all_agree  # noqa: E402
 from .aggregation import MODES, PRE_LAYERS, AggregationRouter, pre_eligible  # noqa: E402
 from .cache import HaloCache  # noqa: E402
 from .pipeline import AsyncPipeline  # noqa: E402
+from .sampling import BoundarySampling  # noqa: E402
 from .batchnorm import DistributedBatchNorm, convert_batchnorm, revert_batchnorm  # noqa: E402
 from .codecs import Codec, IdentityCodec, WireContext  # noqa: E402
 from .engine import FullGraphEngine  # noqa: E402
@@ -34,7 +35,8 @@ from .transport import PendingExchange, Transport  # noqa: E402
 
 __all__ = [
     "FullGraphEngine", "HaloExchange", "Codec", "IdentityCodec", "WireContext", "CommStats",
-    "ExchangePolicy", "HaloCache", "AsyncPipeline", "Transport", "PendingExchange", "EngineMesh", "ParallelDims",
+    "ExchangePolicy", "HaloCache", "AsyncPipeline", "BoundarySampling", "Transport",
+    "PendingExchange", "EngineMesh", "ParallelDims",
     "AggregationRouter", "MODES", "PRE_LAYERS", "pre_eligible", "StaticCache", "Agreement",
     "all_agree",
     "ExchangeCounter", "PartitionedModel", "partition_model", "DistributedBatchNorm",

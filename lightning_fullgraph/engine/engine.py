@@ -58,6 +58,9 @@ class FullGraphEngine:
         pipeline (AsyncPipeline or str, optional): Asynchronous pipeline of training
             exchanges (:class:`~.pipeline.AsyncPipeline`, ``"async"``, ``"adaptive"``;
             default none: synchronous).
+        sampling (BoundarySampling or float, optional): Boundary node sampling of training
+            exchanges (:class:`~.sampling.BoundarySampling` or the kept fraction :math:`p`;
+            default none).
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
         timeout (float or timedelta, optional): The collective timeout of
@@ -76,7 +79,8 @@ class FullGraphEngine:
     """
 
     def __init__(self, partition, group: Optional[Any] = None, codec: Any = None,
-                 cache: Any = None, pipeline: Any = None, loss_mask: str = "train_mask",
+                 cache: Any = None, pipeline: Any = None, sampling: Any = None,
+                 loss_mask: str = "train_mask",
                  timeout: Optional[Any] = None,
                  aggregation: str = "hybrid", seed: int = 0,
                  cache_static: bool = True, ranks_per_host: Optional[int] = None) -> None:
@@ -91,6 +95,8 @@ class FullGraphEngine:
             self.policy = self.policy.with_cache(cache)
         if pipeline is not None:
             self.policy = self.policy.with_pipeline(pipeline)
+        if sampling is not None:
+            self.policy = self.policy.with_sampling(sampling)
         self.transport = Transport(group, timeout=timeout, ranks_per_host=ranks_per_host)
         self.exchanges = {mode: HaloExchange(partition.plan(mode), self.transport, self.policy,
                                              seed)
@@ -100,6 +106,7 @@ class FullGraphEngine:
             levels = plan_levels(partition, exchange.plan)
             if levels is not None:
                 exchange.set_levels(*levels)
+            exchange.set_node_ids(partition.owned_ids[exchange.plan.post.send_index.cpu()])
         self.router = AggregationRouter(partition, self.exchanges, aggregation, group, timeout)
         self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
         self.loss_mask = loss_mask

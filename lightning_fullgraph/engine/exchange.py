@@ -89,6 +89,8 @@ class HaloExchange:
         self._cache_states: dict = {}
         # The asynchronous pipeline's state, keyed the same way.
         self._pipes: dict = {}
+        # Global node ids of the post channel's send slots (boundary sampling draws by them).
+        self.send_ids: Optional[Tensor] = None
         # Ranks this rank exchanges anything with (named when a collective fails).
         self.peers = tuple(r for r in range(world) if r != self.rank and (
             self._post_send[r] or self._post_recv[r] or self._pre_send[r] or self._pre_recv[r]))
@@ -174,14 +176,14 @@ class HaloExchange:
             :math:`[N_{own} + N_{halo}, *]` along :obj:`dim`; differentiable.
         """
         dim = dim % x.dim()
-        cached = self._training()
+        training = self._training()
         if x.size(dim) != self.num_owned:
             raise ValueError(
                 f"halo exchange '{key}': expected {self.num_owned} owned rows along "
                 f"dim {dim}, got {x.size(dim)}")
         if dim != 0:
-            return _HaloRows.apply(x.movedim(dim, 0), self, key, cached).movedim(0, dim)
-        return _HaloRows.apply(x, self, key, cached)
+            return _HaloRows.apply(x.movedim(dim, 0), self, key, training).movedim(0, dim)
+        return _HaloRows.apply(x, self, key, training)
 
     @torch.compiler.disable
     def reduce(self, aggregated: Tensor, key: str = "x.pre") -> Tensor:
@@ -215,16 +217,17 @@ class HaloExchange:
     # -- one transfer ------------------------------------------------------------------------------
     def _send(self, rows: Tensor, send_counts: List[int], recv_counts: List[int], key: str,
               direction: str, levels: Optional[Tuple[Tensor, Tensor]] = None,
-              cached: bool = False, channel: str = "post") -> Tensor:
+              training: bool = False, channel: str = "post") -> Tensor:
         r"""Encodes, exchanges and decodes rows.  :obj:`levels` (of the rows sent, of the
         rows received) lets a per-node codec give each row its own width: the rows then
         travel as one byte stream whose per-peer sizes both ends compute from the levels.
-        :obj:`cached` (a training exchange) lets the policy's :class:`~.cache.HaloCache`
-        skip rows the receivers hold closely enough."""
+        :obj:`training` (an exchange of a training step) lets the policy's
+        :class:`~.cache.HaloCache` skip rows the receivers hold closely enough, or its
+        :class:`~.pipeline.AsyncPipeline` hand out the previous step's rows."""
         shape = rows.shape[1:]
         flat = rows.reshape(rows.size(0), math.prod(shape))
-        cache = self.policy.cache(key, direction) if cached else None
-        pipeline = self.policy.pipeline if cached else None
+        cache = self.policy.cache(key, direction) if training else None
+        pipeline = self.policy.pipeline if training else None
         if cache is not None:
             out = self._send_cached(flat, send_counts, recv_counts, key, direction, levels,
                                     cache, channel)
@@ -303,6 +306,55 @@ class HaloExchange:
         self._pipes[sk] = PipeState(last=received)
         return received
 
+    def set_node_ids(self, send_ids: Tensor) -> "HaloExchange":
+        r"""The global node id of every post-channel send slot (:math:`[S]`, in
+        ``plan.post.send_index`` order), which boundary sampling draws by."""
+        if send_ids.numel() != self.plan.post.num_send:
+            raise ValueError(f"{send_ids.numel()} send ids for {self.plan.post.num_send} send "
+                             "slots")
+        self.send_ids = send_ids
+        return self
+
+    def _sampled(self) -> Optional[Tuple[Tensor, Tensor]]:
+        r"""This step's kept send slots and halo rows under the policy's boundary sampling
+        (``None`` without it, or at rate 1)."""
+        sampling = self.policy.sampling
+        if sampling is None or sampling.rate == 1.0:
+            return None
+        if self.send_ids is None:
+            raise RuntimeError("boundary sampling needs the send slots' node ids "
+                               "(HaloExchange.set_node_ids; FullGraphEngine sets them)")
+        send = sampling.kept_slots(self.send_ids, self._post_send, self.seed, self.step)
+        recv = sampling.kept(self.plan.halo_ids, self.rank, self.seed, self.step)
+        return send.to(self.plan.post.send_index.device), recv.to(self.plan.post.send_index.device)
+
+    def _send_sampled(self, rows: Tensor, sampled: Tuple[Tensor, Tensor], key: str,
+                      direction: str) -> Tensor:
+        r"""Post-channel rows (forward) or halo gradients (backward) of the kept nodes only,
+        scaled by :math:`1/p`; the other rows arrive as zeros."""
+        send_kept, halo_kept = sampled
+        if direction == "forward":
+            mine, theirs, counts_out, counts_in = send_kept, halo_kept, self._post_send, \
+                self._post_recv
+        else:
+            mine, theirs, counts_out, counts_in = halo_kept, send_kept, self._post_recv, \
+                self._post_send
+        levels = self._post_levels(direction)
+        if levels is not None:
+            levels = (levels[0].to(mine.device)[mine], levels[1].to(theirs.device)[theirs])
+        scale = 1.0 / self.policy.sampling.rate
+        flat = rows.reshape(rows.size(0), -1)
+        payload = flat[mine] * scale if direction == "backward" else flat[mine]
+        received, _ = self._transfer(payload, per_peer(mine, counts_out),
+                                     per_peer(theirs, counts_in), key, direction, levels)
+        if direction == "forward":
+            received = received * scale
+        out = flat.new_zeros((theirs.numel(), flat.size(1)))
+        out[theirs] = received.to(out.dtype)
+        self.stats.record_cache(key, direction, eligible=mine.numel(),
+                                skipped=mine.numel() - int(mine.sum()))
+        return out.reshape((out.size(0), ) + tuple(rows.shape[1:]))
+
     def drain(self) -> None:
         r"""Completes every asynchronous transfer still in flight (before evaluation that
         must not overlap it, a checkpoint, or tearing the process group down)."""
@@ -369,13 +421,18 @@ class _HaloRows(torch.autograd.Function):
     r"""``[N_own, *] -> [N_own + N_halo, *]``; backward returns halo gradients to owners."""
 
     @staticmethod
-    def forward(ctx, x_own: Tensor, ex: HaloExchange, key: str, cached: bool) -> Tensor:
-        ctx.ex, ctx.key, ctx.cached = ex, key, cached
+    def forward(ctx, x_own: Tensor, ex: HaloExchange, key: str, training: bool) -> Tensor:
+        ctx.ex, ctx.key, ctx.training = ex, key, training
         if ex.post_empty:
             return x_own.clone()
+        sampled = ex._sampled() if training else None
+        ctx.sampled = sampled
         send = x_own.index_select(0, ex.plan.post.send_index)
-        halo = ex._send(send, ex._post_send, ex._post_recv, key, "forward",
-                        ex._post_levels("forward"), cached)
+        if sampled is None:
+            halo = ex._send(send, ex._post_send, ex._post_recv, key, "forward",
+                            ex._post_levels("forward"), training)
+        else:
+            halo = ex._send_sampled(send, sampled, key, "forward")
         return torch.cat([x_own, halo.to(x_own.dtype)], dim=0)
 
     @staticmethod
@@ -384,8 +441,12 @@ class _HaloRows(torch.autograd.Function):
         if ex.post_empty:
             return grad_out, None, None, None
         grad_own = grad_out[:ex.num_owned].clone()
-        grad_halo = ex._send(grad_out[ex.num_owned:].contiguous(), ex._post_recv, ex._post_send,
-                             ctx.key, "backward", ex._post_levels("backward"), ctx.cached)
+        grad_rows = grad_out[ex.num_owned:].contiguous()
+        if ctx.sampled is None:
+            grad_halo = ex._send(grad_rows, ex._post_recv, ex._post_send, ctx.key, "backward",
+                                 ex._post_levels("backward"), ctx.training)
+        else:
+            grad_halo = ex._send_sampled(grad_rows, ctx.sampled, ctx.key, "backward")
         grad_own.index_add_(0, ex.plan.post.send_index, grad_halo.to(grad_own.dtype))
         return grad_own, None, None, None
 
@@ -394,13 +455,13 @@ class _PreRows(torch.autograd.Function):
     r"""``[N_own + S_pre, *] -> [N_own, *]``: pre slots added into their owners' rows."""
 
     @staticmethod
-    def forward(ctx, aggregated: Tensor, ex: HaloExchange, key: str, cached: bool) -> Tensor:
-        ctx.ex, ctx.key, ctx.cached = ex, key, cached
+    def forward(ctx, aggregated: Tensor, ex: HaloExchange, key: str, training: bool) -> Tensor:
+        ctx.ex, ctx.key, ctx.training = ex, key, training
         n = ex.num_owned
         if ex.pre_empty:
             return aggregated[:n].clone()
         received = ex._send(aggregated[n:].contiguous(), ex._pre_send, ex._pre_recv, key,
-                            "forward", cached=cached, channel="pre")
+                            "forward", training=training, channel="pre")
         out = aggregated[:n].clone()
         out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
         return out
@@ -412,5 +473,5 @@ class _PreRows(torch.autograd.Function):
             return grad_out, None, None, None  # no pre slots in this mode
         grad_rows = grad_out.index_select(0, ex.plan.pre.recv_index)
         grad_slots = ex._send(grad_rows, ex._pre_recv, ex._pre_send, ctx.key, "backward",
-                              cached=ctx.cached, channel="pre")
+                              training=ctx.training, channel="pre")
         return torch.cat([grad_out, grad_slots.to(grad_out.dtype)], dim=0), None, None, None

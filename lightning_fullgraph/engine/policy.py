@@ -12,10 +12,11 @@ Example::
     policy = ExchangePolicy(points={"conv1.*": ExchangePolicy(backward=MyCodec())})
 """
 from fnmatch import fnmatchcase
-from typing import Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Union
 
 from .cache import HaloCache
 from .pipeline import AsyncPipeline
+from .sampling import BoundarySampling
 from .codecs import Codec, IdentityCodec
 
 __all__ = ["ExchangePolicy", "DIRECTIONS"]
@@ -38,13 +39,17 @@ class ExchangePolicy:
         pipeline (AsyncPipeline or str, optional): Asynchronous pipeline of training
             exchanges (:class:`~.pipeline.AsyncPipeline`, ``"async"`` or ``"adaptive"``);
             default none (synchronous).  It cannot be combined with a cache yet.
+        sampling (BoundarySampling or float, optional): Boundary node sampling of training
+            exchanges (:class:`~.sampling.BoundarySampling` or its rate :math:`p`); default
+            none.  It cannot be combined with a cache or a pipeline yet.
     """
 
     def __init__(self, codec: Optional[Codec] = None, *, forward: Optional[Codec] = None,
                  backward: Optional[Codec] = None,
                  points: Optional[Mapping[str, Union["ExchangePolicy", Codec]]] = None,
                  cache: Union[None, float, str, HaloCache] = None,
-                 pipeline: Union[None, str, AsyncPipeline] = None) -> None:
+                 pipeline: Union[None, str, AsyncPipeline] = None,
+                 sampling: Union[None, float, BoundarySampling] = None) -> None:
         for name, value in (("codec", codec), ("forward", forward), ("backward", backward)):
             if value is not None and not isinstance(value, Codec):
                 raise TypeError(f"ExchangePolicy({name}=...) takes a Codec, got "
@@ -55,30 +60,39 @@ class ExchangePolicy:
         self._identity = IdentityCodec()
         self._cache = HaloCache.of(cache)
         self.pipeline = AsyncPipeline.of(pipeline)
+        self.sampling = BoundarySampling.of(sampling)
         self._check()
 
     def _check(self) -> None:
-        if self.pipeline is not None and any(True for _ in self.caches()):
+        cache = any(True for _ in self.caches())
+        if self.pipeline is not None and cache:
             raise ValueError("an asynchronous pipeline and a halo cache cannot be combined yet "
                              "(the cache's mirror assumes the receiver applies each update at "
                              "once); choose one")
+        if self.sampling is not None and (cache or self.pipeline is not None):
+            raise ValueError("boundary sampling cannot be combined with a halo cache or an "
+                             "asynchronous pipeline yet (both keep rows per slot across steps, "
+                             "sampling sends a different set every step); choose one")
+
+    def _replace(self, **attrs: Any) -> "ExchangePolicy":
+        copy = ExchangePolicy.__new__(ExchangePolicy)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.update(attrs)
+        copy._check()
+        return copy
 
     def with_cache(self, cache: Union[None, bool, float, str, HaloCache]) -> "ExchangePolicy":
         r"""A copy of this policy whose exchange points (those without a cache of their own)
         use :obj:`cache`."""
-        copy = ExchangePolicy.__new__(ExchangePolicy)
-        copy.__dict__.update(self.__dict__)
-        copy._cache = HaloCache.of(cache)
-        copy._check()
-        return copy
+        return self._replace(_cache=HaloCache.of(cache))
 
     def with_pipeline(self, pipeline: Union[None, str, AsyncPipeline]) -> "ExchangePolicy":
         r"""A copy of this policy with the asynchronous :obj:`pipeline`."""
-        copy = ExchangePolicy.__new__(ExchangePolicy)
-        copy.__dict__.update(self.__dict__)
-        copy.pipeline = AsyncPipeline.of(pipeline)
-        copy._check()
-        return copy
+        return self._replace(pipeline=AsyncPipeline.of(pipeline))
+
+    def with_sampling(self, sampling: Union[None, float, BoundarySampling]) -> "ExchangePolicy":
+        r"""A copy of this policy with boundary node :obj:`sampling`."""
+        return self._replace(sampling=BoundarySampling.of(sampling))
 
     @classmethod
     def of(cls, value: Union[None, str, "ExchangePolicy", Codec]) -> "ExchangePolicy":
@@ -131,7 +145,8 @@ class ExchangePolicy:
         that changed (:math:`\epsilon > 0`)."""
         codecs = [c for c in self._codecs.values() if c is not None]
         return all(c.lossless for c in codecs) and all(p.lossless for p in self.points.values()) \
-            and all(c.lossless for c in self.caches()) and self.pipeline is None
+            and all(c.lossless for c in self.caches()) and self.pipeline is None \
+            and (self.sampling is None or self.sampling.lossless)
 
     def codecs(self) -> Iterator[Codec]:
         r"""Every codec this policy can return, once each (not the exact default)."""
@@ -155,6 +170,8 @@ class ExchangePolicy:
             return "bf16" if type(codec).__name__ == "BFloat16Codec" else type(codec).__name__
         forward, backward = (name(self._codecs[d]) for d in DIRECTIONS)
         text = forward if forward == backward else f"forward {forward}, backward {backward}"
+        if self.sampling is not None:
+            text += f", boundary sampling p={self.sampling.rate:g}"
         if self.pipeline is not None:
             text += f", {self.pipeline.mode} pipeline (at most {self.pipeline.max_async_epochs} " \
                     "async epochs in a row)"

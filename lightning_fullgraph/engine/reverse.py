@@ -25,6 +25,7 @@ def reverse_exchange(exchange: HaloExchange, partition: Any) -> HaloExchange:
     reverse = HaloExchange(build_reverse_plan(partition), exchange.transport, exchange.policy,
                            exchange.seed)
     reverse.plan.edge_index = reverse.plan.edge_index.to(exchange.plan.post.send_index.device)
+    reverse.set_node_ids(partition.owned_ids[reverse.plan.post.send_index.cpu()])
     return reverse.to(exchange.plan.post.send_index.device)
 
 

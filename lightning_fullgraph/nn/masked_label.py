@@ -43,7 +43,6 @@ each rank's term: ``FullGraphStrategy(loss_reduction="sum")``)::
 The first layer's input now requires a gradient (``W_emb`` trains), so the engine exchanges
 its halo gradients backward too, which it skips for raw features.
 """
-import hashlib
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
@@ -51,34 +50,12 @@ import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 
+from ..engine.draws import node_draws
+
 __all__ = ["MaskedLabelInput", "label_selection", "scale_masked_loss", "mask_share"]
 
-_M32 = 0xFFFFFFFF
 _RESAMPLE = ("step", "once")
 _EVAL_LABELS = ("train", "none")
-
-
-def _mul32(x: Tensor, c: int) -> Tensor:
-    # (x * c) mod 2^32 for x in [0, 2^32) without int64 overflow (whose wrapping is undefined in
-    # C++ and so not promised by every backend): c is split into 16-bit halves.
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
-
-
-def _mix32(x: Tensor) -> Tensor:
-    # "lowbias32" (C. Wellons' hash prospector): a bijection of 32-bit integers with good
-    # avalanche, so neighbouring node ids get unrelated draws.
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def _keys(seed: int, step: int) -> Tuple[int, int]:
-    digest = hashlib.blake2b(f"masked-label|{int(seed)}|{int(step)}".encode(),
-                             digest_size=8).digest()
-    return int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little")
 
 
 def label_selection(n_id: Tensor, rate: float, seed: int, step: int) -> Tensor:
@@ -102,13 +79,7 @@ def label_selection(n_id: Tensor, rate: float, seed: int, step: int) -> Tensor:
         - **input:** :math:`(N,)`
         - **output:** :math:`(N,)`, ``torch.bool``
     """
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"rate must be in [0, 1], got {rate}")
-    k1, k2 = _keys(seed, step)
-    ids = n_id.long()
-    h = _mix32((ids & _M32) ^ k1)
-    h = _mix32(h ^ ((ids >> 32) & _M32) ^ k2)
-    return h < int(round(rate * (1 << 32)))
+    return node_draws(n_id, rate, f"masked-label|{int(seed)}|{int(step)}")
 
 
 def _all_reduce_count(count: int, group: Optional[Any], device: torch.device) -> int:

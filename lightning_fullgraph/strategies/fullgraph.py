@@ -42,7 +42,8 @@ from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from .. import compat
-from ..engine import AsyncPipeline, Codec, ExchangePolicy, FullGraphEngine, HaloCache
+from ..engine import (AsyncPipeline, BoundarySampling, Codec, ExchangePolicy, FullGraphEngine,
+                      HaloCache)
 from ..engine.aggregation import MODES as AGGREGATION_MODES
 from .signals import DeferredSignals
 
@@ -110,6 +111,10 @@ class FullGraphStrategy(DDPStrategy):
             synchronous); ``"adaptive"`` lets
             :class:`~lightning_fullgraph.callbacks.PipelineAdaptor` switch between sync and
             async from the loss-descent rate (SYLVIE).  Default none (synchronous, exact).
+        boundary_sampling (float, optional): Boundary node sampling (BNS-GCN): each training
+            epoch every rank keeps this fraction :math:`p` of its halo nodes, scaled by
+            :math:`1/p` (unbiased for sum and mean aggregations); ``1`` is exact.  Default
+            none.
         aggregation (str): How cut edges of sum/mean layers with scalar edge messages
             (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
@@ -139,6 +144,7 @@ class FullGraphStrategy(DDPStrategy):
                  codec: Union[None, str, Codec, ExchangePolicy] = None,
                  cache: Union[None, str, float, HaloCache] = None,
                  pipeline: Union[None, str, AsyncPipeline] = None,
+                 boundary_sampling: Optional[float] = None,
                  aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
@@ -162,7 +168,9 @@ class FullGraphStrategy(DDPStrategy):
         self.codec = codec
         self.cache = HaloCache.of(cache)  # validated now, not at setup on every rank
         self.pipeline = AsyncPipeline.of(pipeline)
-        ExchangePolicy(cache=self.cache, pipeline=self.pipeline)  # refuses what cannot combine
+        self.boundary_sampling = BoundarySampling.of(boundary_sampling)
+        # Refuses what cannot be combined, here rather than at setup on every rank.
+        ExchangePolicy(cache=self.cache, pipeline=self.pipeline, sampling=self.boundary_sampling)
         self.aggregation = aggregation
         self.num_threads = num_threads
         self.log_communication = log_communication
@@ -302,6 +310,7 @@ class FullGraphStrategy(DDPStrategy):
         group = self._engine_group()
         self.engine = FullGraphEngine(partition, group=group, codec=self.codec,
                                       cache=self.cache, pipeline=self.pipeline,
+                                      sampling=self.boundary_sampling,
                                       loss_mask=self.loss_mask,
                                       timeout=self.collective_timeout,
                                       aggregation=self.aggregation,

@@ -140,8 +140,6 @@ def _fit(rank, world_size, tmp):
     def scripted():
         return AdaptiveCacheThreshold(monitor="scripted_acc")
 
-    straight = scripted()
-    _trainer(tmp + "/b", len(SCRIPT), [straight]).fit(module(0), datamodule=datamodule())
     ckpt = ModelCheckpoint(dirpath=tmp + "/ckpt", save_last=True)
     _trainer(tmp + "/c", 5, [scripted(), ckpt]).fit(module(0), datamodule=datamodule())
     resumed = scripted()
@@ -149,8 +147,7 @@ def _fit(rank, world_size, tmp):
                                                       ckpt_path=tmp + "/ckpt/last.ckpt")
     skipped = [h.get("comm/rows_skipped_frac") for h in monitor.history]
     return dict(real=real.controller.history, metrics=metrics, epsilons=epsilons,
-                skipped=skipped, straight=straight.controller.history,
-                resumed=resumed.controller.history)
+                skipped=skipped, resumed=resumed.controller.history)
 
 
 @pytest.mark.multiprocess
@@ -160,7 +157,7 @@ def test_trainer_schedule_is_shared_logged_and_resumed(tmp_path):
     assert len(r0["real"]) == 6
     for r in results[1:]:
         assert r["real"] == r0["real"]  # the same global accuracy and decisions on every rank
-        assert r["straight"] == r0["straight"]
+        assert r["resumed"] == r0["resumed"]
     # The global accuracy is the share-weighted sum of the ranks' own accuracies: a valid
     # accuracy, logged with the threshold of the epoch, which the engine used (the next one
     # is set when the next epoch starts).
@@ -171,6 +168,13 @@ def test_trainer_schedule_is_shared_logged_and_resumed(tmp_path):
     assert r0["epsilons"] == [r0["real"][-1]["epsilon"]]
     # The first epoch sends every row; later ones skip some.
     assert r0["skipped"][0] == 0.0 and max(r0["skipped"][1:]) > 0.0, r0["skipped"]
-    # The scripted schedule moves, and the resumed run continues it exactly.
-    assert len({h["epsilon"] for h in r0["straight"]}) > 2
-    assert r0["resumed"] == r0["straight"], (r0["resumed"], r0["straight"])
+    # The scripted schedule moves, and the resumed run continues it exactly: its history is
+    # what one uninterrupted controller makes of the script.
+    # (The logged accuracy is a float32, weighted by the ranks' shares: equal to a few ulps.)
+    straight = CacheThresholdController()
+    for acc in SCRIPT:
+        straight.update(acc)
+    assert len({h["epsilon"] for h in straight.history}) > 2
+    for key in ("accuracy", "epsilon", "next"):
+        assert [h[key] for h in r0["resumed"]] == \
+            pytest.approx([h[key] for h in straight.history], rel=1e-6), key

@@ -91,3 +91,14 @@ def skewed_graph(num_nodes: int = 120, num_features: int = 8, num_classes: int =
                 test_mask=~train_mask & ~val_mask,
                 edge_weight=torch.rand(num_edges, generator=g) + 0.5,
                 edge_attr=torch.randn(num_edges, EDGE_DIM, generator=g))
+
+
+def layer_exchange(exchange, x, key: str = "probe", training: bool = True):
+    r"""``exchange.extend(x)`` as a partitioned layer in :obj:`training` mode calls it (the
+    cache, the pipeline and boundary sampling act only on training exchanges)."""
+    from lightning_fullgraph.engine.context import ActiveLayer, pop_layer, push_layer
+    push_layer(ActiveLayer(key, exchange, training=training))
+    try:
+        return exchange.extend(x, key=key)
+    finally:
+        pop_layer()

@@ -6,13 +6,13 @@ from lightning_fullgraph.engine import ExchangePolicy, FullGraphEngine, HaloCach
 from lightning_fullgraph.engine.cache import (mask_bytes, pack_mask, per_peer, select_rows,
                                               unpack_mask)
 from lightning_fullgraph.engine.codecs.quantized import QuantizedCodec
-from lightning_fullgraph.engine.context import ActiveLayer, pop_layer, push_layer
 from lightning_fullgraph.partition import build_local_partitions, metis_partition
 from lightning_fullgraph.testing import run_distributed
 
-from .models import Net, skewed_graph
+from .models import Net, layer_exchange, skewed_graph
 
 F = 11
+STEPS = 6
 
 
 # -- pieces ----------------------------------------------------------------------------------
@@ -66,14 +66,6 @@ def test_halo_cache_settings_are_validated_and_parsed():
 
 
 # -- one exchange point on several ranks -----------------------------------------------------
-def _training_exchange(ex, x, key="probe"):
-    push_layer(ActiveLayer("probe", ex, training=True))
-    try:
-        return ex.extend(x, key=key)
-    finally:
-        pop_layer()
-
-
 def _steps(rank, world_size, codec_name, epsilon):
     data = skewed_graph(num_nodes=160, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
@@ -85,7 +77,7 @@ def _steps(rank, world_size, codec_name, epsilon):
     g = torch.Generator().manual_seed(7)
     x_global = data.x.clone()
     report = []
-    for step in range(8):
+    for step in range(STEPS):
         ex.step = step
         if step:
             # Each rank moves its rows differently: rank 0 none at odd steps (it then skips
@@ -97,7 +89,7 @@ def _steps(rank, world_size, codec_name, epsilon):
             x_global = x_global + noise * moved[:, None] * x_global.abs().amax(1, keepdim=True)
         x = x_global[part.owned_ids].clone().requires_grad_()
         before = ex.stats.total()
-        out = _training_exchange(ex, x)
+        out = layer_exchange(ex, x)
         halo = out[ex.num_owned:].detach()
         state = ex._cache_states[("post", "probe", "forward")]
         truth = x_global[part.halo_ids]
@@ -141,7 +133,7 @@ def test_mirror_equals_receiver_cache_and_staleness_is_bounded(codec):
             skipped_somewhere |= r["skipped"] > 0
     assert skipped_somewhere
     # Ranks skip different numbers of rows in the same step, and nothing hung.
-    per_step = [[rep[s]["skipped"] for rep, _ in results] for s in range(8)]
+    per_step = [[rep[s]["skipped"] for rep, _ in results] for s in range(STEPS)]
     assert any(len(set(s)) > 1 for s in per_step), per_step
 
 
@@ -152,11 +144,11 @@ def _fresh_eval(rank, world_size):
     engine = FullGraphEngine(part, cache=HaloCache(10.0, max_age=1000), aggregation="post")
     ex = engine.exchange
     x0 = data.x[part.owned_ids]
-    _training_exchange(ex, x0)  # fills the cache
+    layer_exchange(ex, x0)  # fills the cache
     x1 = x0 * 1.5
-    stale = _training_exchange(ex, x1)[ex.num_owned:]      # epsilon 10: nothing resent
+    stale = layer_exchange(ex, x1)[ex.num_owned:]      # epsilon 10: nothing resent
     with torch.no_grad():
-        fresh = _training_exchange(ex, x1)[ex.num_owned:]  # evaluation: fresh rows
+        fresh = layer_exchange(ex, x1)[ex.num_owned:]  # evaluation: fresh rows
     truth = (data.x * 1.5)[part.halo_ids]
     return torch.equal(fresh, truth), torch.equal(stale, data.x[part.halo_ids])
 

@@ -3,11 +3,10 @@ import pytest
 import torch
 
 from lightning_fullgraph.engine import AsyncPipeline, ExchangePolicy, FullGraphEngine
-from lightning_fullgraph.engine.context import ActiveLayer, pop_layer, push_layer
 from lightning_fullgraph.partition import build_local_partitions, metis_partition
 from lightning_fullgraph.testing import run_distributed
 
-from .models import skewed_graph
+from .models import layer_exchange, skewed_graph
 
 F = 6
 
@@ -28,14 +27,6 @@ def test_settings_are_validated_and_parsed():
         ExchangePolicy(pipeline="async", cache=0.1)
     with pytest.raises(ValueError, match="cannot be combined"):
         ExchangePolicy(cache=0.1).with_pipeline("async")
-
-
-def _training_exchange(ex, x):
-    push_layer(ActiveLayer("probe", ex, training=True))
-    try:
-        return ex.extend(x, key="probe")
-    finally:
-        pop_layer()
 
 
 def _value(step, ids):
@@ -60,7 +51,7 @@ def _stale_steps(rank, world_size, schedule):
         pipeline.mode = mode
         ex.step = step
         x = _value(step, part.owned_ids).requires_grad_()
-        out = _training_exchange(ex, x)
+        out = layer_exchange(ex, x)
         halo = out[n_own:].detach()
         # Which step's rows arrived: every halo row carries its step in the fraction.
         seen = sorted({int(v) for v in (halo[:, 0] - part.halo_ids.double() * 1000).round()})

@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""Stale and cached halos: rows skipped, bytes, exchange time and accuracy per configuration.
+
+Usage::
+
+    python benchmarks/stale_halos.py                       # Cora (5 seeds) + synthetic, P=4
+    python benchmarks/stale_halos.py --seeds 0 --models gcn --skip-synthetic
+    python benchmarks/stale_halos.py --json > out.json     # only the JSON on stdout
+
+Every (model, configuration, seed) is one ``lightning-fullgraph train --json`` run with
+hybrid aggregation (the README's recipe on Cora: 200 epochs, hidden 16, dropout 0.5; on the
+synthetic graph hidden 256, ``--synthetic-epochs``), against a ``post`` fp32 baseline.  The
+configurations:
+
+==================  =============================================================
+``fp32``            exact (synchronous, every row every epoch)
+``cache``           adaptive halo cache, epsilon from the training accuracy
+                    (``--cache adaptive``: CDFGNN with AdaptiveCacheThreshold)
+``async``           asynchronous pipeline, one-epoch-stale rows and gradients
+                    (``--pipeline async``: PipeGCN, a sync epoch after 10)
+``adaptor``         sync/async per epoch from the loss-descent rate
+                    (``--pipeline adaptive``: SYLVIE's adaptor)
+``bns0.1``          boundary node sampling, p = 0.1 (``--boundary-sampling 0.1``)
+``cache+int2``      the cache, int2 rows and hybrid aggregation together
+==================  =============================================================
+
+Reported per configuration: test accuracy (mean ± std over seeds, difference to ``fp32`` in
+percentage points), the fraction of rows the cache skipped or sampling left out (mean over the
+run), bytes each rank sent per epoch (mean over the run) and the ratio to post-aggregated
+fp32, the exchange time per epoch (for the pipeline: the time a rank waited for rows in
+flight, i.e. the exposed part) and the training step time (medians).  Runs are stored in and
+reused from ``--runs`` (shared with ``benchmarks/quantization.py``: the fp32 and post baselines
+are the same runs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from training_runs import Runs, compare, table  # noqa: E402
+
+#: Configuration name -> ``train`` flags.
+CONFIGS: Dict[str, Tuple[str, ...]] = {
+    "fp32": (),
+    "cache": ("--cache", "adaptive"),
+    "async": ("--pipeline", "async"),
+    "adaptor": ("--pipeline", "adaptive"),
+    "bns0.1": ("--boundary-sampling", "0.1"),
+    "cache+int2": ("--cache", "adaptive", "--codec", "int2"),
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="cora")
+    p.add_argument("--parts", type=int, default=4)
+    p.add_argument("--models", nargs="+", default=["gcn", "sage"])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--synthetic", default="synthetic:nodes=100000,degree=10,features=128",
+                   help="synthetic graph trained on (hidden --hidden, --synthetic-epochs)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden width on the synthetic graph")
+    p.add_argument("--synthetic-epochs", type=int, default=30)
+    p.add_argument("--synthetic-seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--skip-cora", action="store_true")
+    p.add_argument("--skip-synthetic", action="store_true")
+    p.add_argument("--runs", default=str(ROOT / "benchmarks" / "results" / "quantization.jsonl"),
+                   help="JSON-lines file of finished runs, reused by later invocations "
+                        "('' to keep none)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    if "fp32" not in args.configs:
+        args.configs.insert(0, "fp32")
+    runs = Runs(Path(args.runs) if args.runs else None)
+    configs = {name: CONFIGS[name] for name in args.configs}
+
+    def say(line: str) -> None:
+        print(f"[stale_halos] {line}", file=sys.stderr, flush=True)
+
+    rows = [] if args.skip_cora else compare(runs, args.parts, say, args.dataset, args.models,
+                                             configs, args.seeds, args.epochs, 16)
+    if not args.skip_synthetic:
+        rows += compare(runs, args.parts, say, args.synthetic, args.models, configs,
+                        args.synthetic_seeds, args.synthetic_epochs, args.hidden)
+    result = {"rows": rows, "parts": args.parts}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(json.dumps(result))
+        print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Boundary node sampling (BNS-GCN): a fraction p of halo nodes, scaled by 1/p, unbiased."""
+import math
+
+import pytest
+import torch
+
+from lightning_fullgraph.engine import BoundarySampling, ExchangePolicy, FullGraphEngine
+from lightning_fullgraph.partition import build_local_partitions, metis_partition
+from lightning_fullgraph.testing import run_distributed
+
+from .models import layer_exchange, skewed_graph
+
+F = 5
+
+
+def test_settings_and_draws():
+    with pytest.raises(ValueError, match="rate"):
+        BoundarySampling(0.0)
+    with pytest.raises(ValueError, match="rate"):
+        BoundarySampling(1.5)
+    assert BoundarySampling.of(None) is None and BoundarySampling.of(0.3).rate == 0.3
+    assert BoundarySampling(1.0).lossless and not ExchangePolicy(sampling=0.5).lossless
+    assert "boundary sampling p=0.5" in ExchangePolicy(sampling=0.5).describe()
+    with pytest.raises(ValueError, match="cannot be combined"):
+        ExchangePolicy(sampling=0.5, cache=0.1)
+    s = BoundarySampling(0.3)
+    ids = torch.arange(20000)
+    kept = s.kept(ids, receiver=1, seed=0, step=4)
+    assert abs(kept.float().mean().item() - 0.3) < 0.02
+    assert torch.equal(kept, s.kept(ids, 1, 0, 4))            # a pure function
+    assert not torch.equal(kept, s.kept(ids, 2, 0, 4))        # each receiver draws its own
+    assert not torch.equal(kept, s.kept(ids, 1, 0, 5))        # and anew every step
+    slots = s.kept_slots(ids[:30], [10, 0, 20], seed=0, step=4)
+    assert torch.equal(slots[:10], s.kept(ids[:10], 0, 0, 4))
+    assert torch.equal(slots[10:], s.kept(ids[10:30], 2, 0, 4))
+
+
+def _monte_carlo(rank, world_size, rate, steps):
+    data = skewed_graph(num_nodes=90, num_features=F)
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    engine = FullGraphEngine(part, sampling=rate, aggregation="post")
+    ex = engine.exchange
+    x = data.x[part.owned_ids].double()
+    total = torch.zeros(ex.num_halo, F, dtype=torch.float64)
+    grads_ok = True
+    for step in range(steps):
+        ex.step = step
+        xs = x.clone().requires_grad_()
+        out = layer_exchange(ex, xs)
+        halo = out[ex.num_owned:]
+        total += halo.detach()
+        # Only kept rows arrive (scaled by 1/p), the others are zero.
+        kept = (halo.detach().abs().sum(1) > 0)
+        expected = ex._sampled()[1] & (x.abs().sum(1).new_ones(ex.num_halo) > 0)
+        grads_ok &= bool(torch.equal(kept, expected))
+        # Backward: d(sum of halo)/dx = (number of kept slots of the row) / p.
+        halo.sum().backward()
+        send_kept = ex._sampled()[0]
+        count = torch.zeros(ex.num_owned, dtype=torch.float64)
+        count.index_add_(0, ex.plan.post.send_index[send_kept],
+                         torch.ones(int(send_kept.sum()), dtype=torch.float64))
+        grads_ok &= bool(torch.allclose(xs.grad, (count / rate)[:, None].expand_as(xs)))
+    truth = data.x[part.halo_ids].double()
+    mean = total / steps
+    # The mean of a kept-with-probability-p, 1/p-scaled row is the row; its standard error
+    # is |x| sqrt((1 - p) / (p T)).
+    sigma = truth.abs() * math.sqrt((1 - rate) / (rate * steps))
+    within = bool(((mean - truth).abs() <= 4 * sigma + 1e-12).all())
+    with torch.no_grad():
+        fresh = layer_exchange(ex, x)[ex.num_owned:]
+    stats = ex.stats.total()
+    return dict(within=within, grads_ok=grads_ok, fresh=bool(torch.equal(fresh, truth)),
+                kept_fraction=1 - stats.rows_skipped / max(1, stats.rows_eligible))
+
+
+@pytest.mark.multiprocess
+def test_sampled_halo_rows_are_unbiased_and_gradients_follow():
+    for rank, r in enumerate(run_distributed(_monte_carlo, 3, 0.3, 400)):
+        assert r["within"] and r["grads_ok"] and r["fresh"], (rank, r)
+        assert abs(r["kept_fraction"] - 0.3) < 0.05, r
+
+
+def _train(rank, world_size, sampling):
+    from .models import Net
+    data = skewed_graph(num_nodes=150, num_features=8)
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    torch.manual_seed(0)
+    model = Net("gcn", 8, 4)
+    engine = FullGraphEngine(part, sampling=sampling, aggregation="hybrid")
+    engine.attach(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    outs = []
+    try:
+        for _ in range(4):
+            opt.zero_grad()
+            out = model(engine.data.x, engine.data.edge_index)
+            mask = engine.data.train_mask
+            loss = torch.nn.functional.cross_entropy(out[mask], engine.data.y[mask])
+            engine.backward(engine.scale_loss(loss))
+            opt.step()
+            outs.append(out.detach().numpy())
+    finally:
+        engine.detach()
+    return outs
+
+
+@pytest.mark.multiprocess
+def test_rate_one_is_bit_identical_to_no_sampling():
+    for a, b in zip(run_distributed(_train, 2, None), run_distributed(_train, 2, 1.0)):
+        assert all((x == y).all() for x, y in zip(a, b))
