@@ -70,6 +70,10 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=256, help="hidden width on the synthetic graph")
     p.add_argument("--synthetic-epochs", type=int, default=30)
     p.add_argument("--synthetic-seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--dropout", type=float, default=None,
+                   help="dropout of every run (default: the CLI's 0.5); dropout redraws its "
+                        "masks every epoch, so it changes every halo row and the cache can "
+                        "skip little: --dropout 0 shows the regime CDFGNN measures")
     p.add_argument("--skip-cora", action="store_true")
     p.add_argument("--skip-synthetic", action="store_true")
     p.add_argument("--runs", default=str(ROOT / "benchmarks" / "results" / "quantization.jsonl"),
@@ -81,15 +85,18 @@ def main() -> None:
         args.configs.insert(0, "fp32")
     runs = Runs(Path(args.runs) if args.runs else None)
     configs = {name: CONFIGS[name] for name in args.configs}
+    extra = () if args.dropout is None else ("--dropout", str(args.dropout))
+    suffix = "" if args.dropout is None else f"@dropout{args.dropout:g}"
 
     def say(line: str) -> None:
         print(f"[stale_halos] {line}", file=sys.stderr, flush=True)
 
     rows = [] if args.skip_cora else compare(runs, args.parts, say, args.dataset, args.models,
-                                             configs, args.seeds, args.epochs, 16)
+                                             configs, args.seeds, args.epochs, 16, extra,
+                                             suffix)
     if not args.skip_synthetic:
         rows += compare(runs, args.parts, say, args.synthetic, args.models, configs,
-                        args.synthetic_seeds, args.synthetic_epochs, args.hidden)
+                        args.synthetic_seeds, args.synthetic_epochs, args.hidden, extra, suffix)
     result = {"rows": rows, "parts": args.parts}
     if args.json:
         print(json.dumps(result, indent=2))

@@ -67,21 +67,24 @@ def train(runs: Runs, parts: int, dataset: str, model: str, name: str, flags: Se
 
 def compare(runs: Runs, parts: int, say: Callable[[str], None], dataset: str,
             models: Sequence[str], configs: Dict[str, Sequence[str]], seeds: Sequence[int],
-            epochs: int, hidden: int) -> List[Dict[str, Any]]:
+            epochs: int, hidden: int, extra: Sequence[str] = (),
+            suffix: str = "") -> List[Dict[str, Any]]:
     r"""Every (model, configuration) over the seeds, hybrid aggregation, against a ``post``
-    fp32 baseline and the configuration called ``fp32`` (the exact hybrid run)."""
+    fp32 baseline and the configuration called ``fp32`` (the exact hybrid run).  :obj:`extra`
+    flags go to every run (the baselines included) and :obj:`suffix` to their names (e.g.
+    ``--dropout 0`` and ``"@dropout0"``)."""
     rows = []
     for model in models:
-        baseline = [train(runs, parts, dataset, model, "fp32", (), s, epochs, hidden, "post")
-                    for s in seeds]
+        baseline = [train(runs, parts, dataset, model, "fp32" + suffix, tuple(extra), s, epochs,
+                          hidden, "post") for s in seeds]
         post_mb = statistics.mean(r["comm_MB_per_epoch_per_rank"] for r in baseline)
         say(f"{dataset} {model} post fp32: {post_mb:.4f} MB/epoch/rank")
         fp32_acc = fp32_mb = None
         for name, flags in configs.items():
             done = []
             for seed in seeds:
-                done.append(train(runs, parts, dataset, model, name, flags, seed, epochs,
-                                  hidden))
+                done.append(train(runs, parts, dataset, model, name + suffix,
+                                  tuple(flags) + tuple(extra), seed, epochs, hidden))
                 r = done[-1]
                 say(f"{dataset} {model} {name} seed {seed}: test {r['test_acc']:.4f}, "
                     f"{r['comm_MB_per_epoch_per_rank']:.4f} MB/epoch/rank, {r['wall_s']} s")
@@ -92,7 +95,8 @@ def compare(runs: Runs, parts: int, say: Callable[[str], None], dataset: str,
                 fp32_acc, fp32_mb = mean, mb
             skipped = [r.get("rows_skipped_frac") for r in done]
             rows.append({
-                "dataset": dataset, "model": model, "config": name, "flags": list(flags),
+                "dataset": dataset, "model": model, "config": name + suffix,
+                "flags": list(flags) + list(extra),
                 "aggregation": "hybrid", "seeds": list(seeds), "epochs": epochs,
                 "hidden": hidden, "test_acc": acc, "test_acc_mean": mean,
                 "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
