@@ -4,7 +4,8 @@ The extension is compiled on first use with :func:`torch.utils.cpp_extension.loa
 into a persistent build directory keyed by a hash of the source, the torch version
 and the host CPU, so later processes only ``dlopen`` the cached library; the sources are
 compiled from a copy inside that directory, so every location of the package (a checkout,
-an installed wheel) with the same sources shares one build. An actual compilation (not a
+an installed wheel) with the same sources shares one build; the key also holds torch's include
+paths, so two environments never rebuild each other's library. An actual compilation (not a
 cached load) prints one line to stderr on local rank 0, and its duration when done. Building
 never touches CUDA (``with_cuda=False``). When the sources are missing, no compiler
 is available, or ``LIGHTNING_FULLGRAPH_NO_EXT=1`` is set, :func:`load` returns
@@ -22,6 +23,7 @@ import hashlib
 import os
 import platform
 import sys
+import sysconfig
 import threading
 import time
 import warnings
@@ -82,6 +84,15 @@ def _cpu_tag() -> str:
     return platform.machine() + hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def _include_tag() -> str:
+    # The compile command names torch's include directories as the interpreter found torch
+    # (a virtual environment's path, unresolved symlinks included); ninja rebuilds when the
+    # command changes, so two environments sharing one build directory would rebuild each
+    # other's library on every alternation. Each gets its own directory instead.
+    from torch.utils import cpp_extension
+    return "\0".join(cpp_extension.include_paths()) + "\0" + sysconfig.get_paths()["include"]
+
+
 def _files(src: Path, sources: Sequence[str] = _SOURCES) -> List[str]:
     """Names of the files compiled (``sources``) or included (``*.h``) from ``src``."""
     return list(sources) + sorted(p.name for p in src.glob("*.h") if p.is_file())
@@ -96,7 +107,9 @@ def build_dir(src: Path, sources: Sequence[str] = _SOURCES) -> Path:
         h.update((src / s).read_bytes())
     h.update(torch.__version__.encode())
     h.update(_cpu_tag().encode())
-    root = Path(os.environ.get("LIGHTNING_FULLGRAPH_CACHE", Path.home() / ".cache" / "lightning_fullgraph"))
+    h.update(_include_tag().encode())
+    root = Path(os.environ.get("LIGHTNING_FULLGRAPH_CACHE",
+                               Path.home() / ".cache" / "lightning_fullgraph"))
     return root / "ext" / h.hexdigest()[:16]
 
 
