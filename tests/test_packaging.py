@@ -220,7 +220,7 @@ def test_checkout_and_installed_copies_share_one_build(fake_build, monkeypatch, 
     for where in ("checkout", "site-packages"):
         copy = tmp_path / where / "csrc"
         shutil.copytree(ROOT / "csrc", copy)
-        monkeypatch.setattr(cpp, "source_dir", lambda copy=copy: copy)
+        monkeypatch.setattr(cpp, "source_dir", lambda sources=None, copy=copy: copy)
         assert fake_build.reload() is not None
         call = fake_build.calls[-1]
         seen.append((call["build_directory"], call["sources"]))

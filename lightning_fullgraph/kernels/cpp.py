@@ -188,7 +188,7 @@ def _build_lock(bdir: Path):
 
 
 def build_extension(name: str, sources: Sequence[str], cflags: Sequence[str],
-                    what: str, verbose: bool = False) -> ModuleType:
+                    what: str, verbose: bool = False, expected: str = "") -> ModuleType:
     """Build (or load the cached build of) the extension ``name`` from ``csrc/<sources>``.
 
     Args:
@@ -197,6 +197,7 @@ def build_extension(name: str, sources: Sequence[str], cflags: Sequence[str],
         cflags: Compiler flags.
         what: What the extension holds, for the one line printed while compiling.
         verbose: Print the compiler output.
+        expected: How long a compile takes, for that line (e.g. ``"about a minute"``).
 
     Raises whatever prevents the build (sources missing, no compiler, a compile error);
     callers turn it into one warning and the pure-PyTorch fallback.
@@ -216,7 +217,8 @@ def build_extension(name: str, sources: Sequence[str], cflags: Sequence[str],
         compiling = not (bdir / f"{name}.so").is_file()
         announce = compiling and _is_local_rank_zero()
         if announce:
-            _note(f"compiling the C++ {what} for this CPU (first use) into {bdir} ...")
+            when = f"first use, {expected}" if expected else "first use"
+            _note(f"compiling the C++ {what} for this CPU ({when}) into {bdir} ...")
         start = time.perf_counter()
         module = cpp_extension.load(
             name=name,
@@ -261,7 +263,7 @@ def load(verbose: bool = False) -> Optional[ModuleType]:
             return _module
         try:
             _module = build_extension(_NAME, _SOURCES, _cflags(), "aggregation kernels",
-                                      verbose)
+                                      verbose, expected="about a minute")
         except Exception as exc:  # compiler missing, ninja missing, build error, ...
             _failed = True
             unavailable("aggregation kernels", exc)
