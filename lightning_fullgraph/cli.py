@@ -23,6 +23,26 @@ datasets: 'cora' (embedded), 'synthetic:nodes=N,degree=D,features=F,classes=C,se
 or a partition directory written by 'partition'."""
 
 
+_LEVELS_HELP = ("in-degree percentiles where the boundary nodes' importance levels 1, 2, 3 "
+                "start (per-node widths 2, 4, 8 bits; below A: 1 bit), e.g. 50,80,95 for "
+                "fewer wide rows (default: quartiles 25,50,75)")
+
+
+def _percentiles(text: str):
+    r"""``"50,80,95"`` (percent) or ``"0.5,0.8,0.95"`` -> validated fractions."""
+    from .partition.local import check_level_percentiles
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three numbers like 50,80,95, got {text!r}")
+    if values and max(values) > 1:
+        values = [v / 100 for v in values]
+    try:
+        return check_level_percentiles(values)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-fullgraph",
@@ -44,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=None,
                    help="machines the parts will run on: partition hosts first, then ranks "
                         "within each host, so fewer rows cross machines (must divide --parts)")
+    p.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
+                   help=_LEVELS_HELP)
     p.add_argument("--force", action="store_true", help="re-partition even if cached")
     p.add_argument("--json", action="store_true", help="print statistics as JSON")
     p.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
@@ -82,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wire format of halo rows and gradients (default fp32: exact; the "
                         "others are lossy: rows quantized per row with scale and zero point "
                         "on the wire, stochastic rounding unless '-nearest'; 'adaptive': "
-                        "per-node widths 1-8 by global in-degree quartile)")
+                        "per-node widths 1-8 by global in-degree quartile, or --level-percentiles)")
+    t.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
+                   help=_LEVELS_HELP + "; with --codec adaptive")
     t.add_argument("--adaptive-bits", action="store_true",
                    help="change the quantized codec's width every epoch (1, 2, 4 or 8 bits, "
                         "starting at 1) from the loss-descent rate of all ranks (SYLVIE; the "
@@ -232,7 +256,8 @@ def _partition(args) -> int:
     from .partition import export_partition, partition_graph, read_manifest
     data = _load(args)
     path = partition_graph(data, args.parts, root=args.cache_dir, seed=args.seed,
-                           force=args.force, hosts=args.hosts)  # progress goes to stderr
+                           force=args.force, hosts=args.hosts,
+                           level_percentiles=args.level_percentiles)  # progress: stderr
     if args.out:
         path = export_partition(path, args.out)  # never deletes what it did not write
     manifest = read_manifest(path)
@@ -256,6 +281,11 @@ def _train(args) -> int:
         raise ValueError(f"--adaptive-bits changes the width of a quantized wire format; it "
                          f"needs --strategy fullgraph and --codec int1/int2/int4/int8 or "
                          f"adaptive (got --strategy {args.strategy} --codec {args.codec})")
+    if args.level_percentiles is not None and (args.strategy != "fullgraph"
+                                               or args.codec != "adaptive"):
+        raise ValueError(f"--level-percentiles sets the per-node widths of --codec adaptive; "
+                         f"it needs --strategy fullgraph and --codec adaptive (got --strategy "
+                         f"{args.strategy} --codec {args.codec})")
     pl.seed_everything(args.seed, verbose=False)
     if args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
@@ -270,7 +300,8 @@ def _train(args) -> int:
         # validates, partitions or hits the cache); every rank then loads its own part.
         datamodule = FullGraphDataModule(args.dataset, cache_dir=args.cache_dir, seed=args.seed,
                                          num_classes=args.num_classes,
-                                         transform=_feature_transform(args))
+                                         transform=_feature_transform(args),
+                                         level_percentiles=args.level_percentiles)
         kernels = None if args.kernels == "pyg" else args.kernels
         strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
                                      aggregation=args.aggregation, codec=args.codec,
@@ -321,6 +352,7 @@ def _train(args) -> int:
         "processes": trainer.world_size, "epochs": args.epochs, "seed": args.seed,
         "aggregation": args.aggregation if args.strategy == "fullgraph" else None,
         "codec": args.codec if args.strategy == "fullgraph" else None,
+        "level_percentiles": list(args.level_percentiles) if args.level_percentiles else None,
         "cache": args.cache if args.strategy == "fullgraph" else None,
         "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
         "boundary_sampling": args.boundary_sampling if args.strategy == "fullgraph" else None,

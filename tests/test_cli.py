@@ -83,6 +83,16 @@ def test_train_with_every_adaptive_knob(tmp_path):
     assert summary["test_acc"] > 0.3
 
 
+def test_level_percentiles_are_checked_and_need_the_adaptive_codec(capsys):
+    assert main(["train", "--devices", "1", "--level-percentiles", "50,80,95"]) == 2
+    assert "--codec adaptive" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["partition", "--level-percentiles", "80,50,95"])
+    assert "increasing fractions" in capsys.readouterr().err
+    from lightning_fullgraph.cli import _percentiles
+    assert _percentiles("50,80,95") == _percentiles("0.5,0.8,0.95") == (0.5, 0.8, 0.95)
+
+
 def test_adaptive_bits_needs_a_quantized_codec(capsys):
     assert main(["train", "--devices", "1", "--adaptive-bits"]) == 2
     assert "--adaptive-bits" in capsys.readouterr().err

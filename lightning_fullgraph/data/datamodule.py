@@ -17,7 +17,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 import lightning.pytorch as pl
 import torch
@@ -76,6 +76,10 @@ class FullGraphDataModule(pl.LightningDataModule):
             fewer rows cross machines; must divide the number of parts.
             ``"auto"`` (default) takes the trainer's ``num_nodes`` when it divides the
             number of parts; :obj:`None` or ``1``: flat METIS.
+        level_percentiles (Sequence[float], optional): Where the importance levels of
+            boundary nodes start, for per-node bit widths (``codec="adaptive"``): three
+            increasing in-degree percentiles in (0, 1) (default: quartiles); see
+            :func:`~lightning_fullgraph.partition.partition_graph`.
 
     Only local rank 0 of each node loads the global graph when :obj:`data` is a
     name or path, and it drops it once the partitions are written: during
@@ -86,8 +90,13 @@ class FullGraphDataModule(pl.LightningDataModule):
                  cache_dir: Optional[str] = None, seed: int = 0, validate: bool = True,
                  num_classes: Optional[int] = None,
                  transform: Optional[Callable[[Data], Data]] = None,
-                 hosts: Union[int, str, None] = "auto") -> None:
+                 hosts: Union[int, str, None] = "auto",
+                 level_percentiles: Optional[Sequence[float]] = None) -> None:
         super().__init__()
+        if level_percentiles is not None:
+            from ..partition.local import check_level_percentiles
+            level_percentiles = check_level_percentiles(level_percentiles)
+        self.level_percentiles = level_percentiles
         if hosts is not None and hosts != "auto" and (
                 not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1):
             raise ValueError(f"hosts must be 'auto', None or a positive int, got {hosts!r}")
@@ -129,6 +138,12 @@ class FullGraphDataModule(pl.LightningDataModule):
         from ..partition import partition_graph
         _, world = self._rank_world()
         if self._source is not None and Path(self._source).is_dir():
+            if self.level_percentiles is not None:
+                raise ValueError(
+                    f"level_percentiles={list(self.level_percentiles)} cannot apply to the "
+                    f"partition directory {self._source}: its levels were fixed when it was "
+                    "written; re-partition with the percentiles (`lightning-fullgraph "
+                    "partition --level-percentiles ...`) or pass the dataset instead")
             self.partition_dir = Path(self._source)
             return
         data = self._global_graph()
@@ -137,7 +152,8 @@ class FullGraphDataModule(pl.LightningDataModule):
             validate_graph(data, num_classes=self.num_classes_arg)
         parts = self.num_parts or world
         self.partition_dir = partition_graph(data, parts, root=self.cache_dir,
-                                             seed=self.seed, hosts=self._hosts(parts))
+                                             seed=self.seed, hosts=self._hosts(parts),
+                                             level_percentiles=self.level_percentiles)
 
     def _hosts(self, parts: int) -> Optional[int]:
         if self.hosts != "auto":

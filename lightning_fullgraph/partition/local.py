@@ -40,6 +40,10 @@ LOCAL_FORMAT_VERSION = 3
 #: Importance levels of boundary nodes (SYLVIE's data-adaptive bit width: quartiles).
 NUM_LEVELS = 4
 
+#: Default percentile cut points of the levels: quartiles, SYLVIE's "evenly distributed
+#: percentiles" (seed-specs B1).
+QUARTILES = (0.25, 0.5, 0.75)
+
 _TENSOR_FIELDS = ("owned_ids", "halo_ids", "halo_counts", "send_index", "send_counts",
                   "edge_index", "edge_ids", "in_pre", "out_edge_ids", "out_src", "out_dst",
                   "out_dst_rank", "out_pre", "out_dst_in_degree", "owned_level", "halo_level")
@@ -262,7 +266,8 @@ def split_attr_keys(data) -> Tuple[List[str], List[str]]:
 class _Plan:
     r"""Global, vectorised bookkeeping shared by all ranks (O(N + E) memory)."""
 
-    def __init__(self, edge_index: Tensor, parts: Tensor, num_parts: int):
+    def __init__(self, edge_index: Tensor, parts: Tensor, num_parts: int,
+                 level_percentiles: Optional[Sequence[float]] = None):
         N, P = parts.numel(), num_parts
         self.N, self.P = N, P
         self.src, self.dst = edge_index[0], edge_index[1]
@@ -312,10 +317,31 @@ class _Plan:
         self.out_perm = out[torch.argsort(out_part, stable=True)]
         self.out_ptr = _ptr(torch.bincount(out_part, minlength=P))
         self.in_degree = torch.bincount(self.dst, minlength=N)
-        self.level = boundary_levels(self.in_degree, self.halo_node)
+        self.level = boundary_levels(self.in_degree, self.halo_node,
+                                     percentiles=level_percentiles)
 
 
-def boundary_levels(in_degree: Tensor, boundary: Tensor, levels: int = NUM_LEVELS) -> Tensor:
+def check_level_percentiles(percentiles: Optional[Sequence[float]]) -> Tuple[float, ...]:
+    r"""The percentile cut points of the importance levels, validated: :obj:`None` gives
+    the quartiles; otherwise ``NUM_LEVELS - 1`` increasing fractions in (0, 1)."""
+    if percentiles is None:
+        return QUARTILES
+    try:
+        cuts = tuple(float(p) for p in percentiles)
+    except (TypeError, ValueError):
+        raise ValueError(f"level_percentiles must be {NUM_LEVELS - 1} numbers, got "
+                         f"{percentiles!r}") from None
+    if len(cuts) != NUM_LEVELS - 1 or not all(0 < c < 1 for c in cuts) \
+            or any(a >= b for a, b in zip(cuts, cuts[1:])):
+        raise ValueError(
+            f"level_percentiles must be {NUM_LEVELS - 1} increasing fractions in (0, 1) "
+            f"(the in-degree percentiles where levels 1, 2 and 3 start; default "
+            f"{QUARTILES}), got {percentiles!r}")
+    return cuts
+
+
+def boundary_levels(in_degree: Tensor, boundary: Tensor, levels: int = NUM_LEVELS,
+                    percentiles: Optional[Sequence[float]] = None) -> Tensor:
     r"""Importance level of every node: the quantile (of :obj:`levels`) of its global
     in-degree among the boundary nodes, ``-1`` for nodes that are never sent.
 
@@ -323,6 +349,11 @@ def boundary_levels(in_degree: Tensor, boundary: Tensor, levels: int = NUM_LEVEL
         in_degree (torch.Tensor): Global in-degree of every node :math:`[N]`.
         boundary (torch.Tensor): Ids of the boundary nodes (any order, repeats allowed).
         levels (int): Number of levels (4: quartiles).
+        percentiles (Sequence[float], optional): ``levels - 1`` increasing cut points in
+            (0, 1): node :math:`v` gets the number of cut points below its percentile
+            :math:`p_v`. Default: evenly spaced (quartiles for 4 levels), SYLVIE's rule.
+            Skewed cut points (e.g. ``(0.5, 0.8, 0.95)``) put fewer nodes on the wide
+            levels, so per-node bit widths send fewer bytes.
 
     Returns:
         int8 :math:`[N]`; equal in-degrees get equal levels, the largest gets
@@ -335,7 +366,14 @@ def boundary_levels(in_degree: Tensor, boundary: Tensor, levels: int = NUM_LEVEL
     pool = torch.sort(in_degree[nodes]).values
     # p_v = |{u in pool: d_u <= d_v}| / |pool|  (the empirical CDF; max degree -> 1)
     p = torch.searchsorted(pool, in_degree[nodes], right=True).double() / pool.numel()
-    out[nodes] = (torch.ceil(p * levels) - 1).clamp(0, levels - 1).to(torch.int8)
+    if percentiles is None:
+        out[nodes] = (torch.ceil(p * levels) - 1).clamp(0, levels - 1).to(torch.int8)
+        return out
+    cuts = torch.tensor([float(c) for c in percentiles], dtype=torch.float64)
+    if cuts.numel() != levels - 1:
+        raise ValueError(f"{levels} levels need {levels - 1} percentiles, got {cuts.numel()}")
+    # The number of cut points strictly below p_v (quartile cuts give the rule above).
+    out[nodes] = torch.searchsorted(cuts, p, right=False).clamp(0, levels - 1).to(torch.int8)
     return out
 
 
@@ -369,7 +407,8 @@ def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = Non
                           ranks: Optional[Sequence[int]] = None,
                           fingerprint: Optional[str] = None,
                           options: Optional[Dict[str, Any]] = None,
-                          cover: Optional[CutCover] = None
+                          cover: Optional[CutCover] = None,
+                          level_percentiles: Optional[Sequence[float]] = None
                           ) -> Iterator[LocalPartition]:
     r"""Yields :class:`LocalPartition` objects one rank at a time.
 
@@ -392,6 +431,8 @@ def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = Non
             :func:`~.cover.cut_cover` for these parts (computed when
             :obj:`None`; pass it to share one computation with
             :func:`~.partition_stats`).
+        level_percentiles (Sequence[float], optional): Cut points of the boundary nodes'
+            importance levels (:func:`boundary_levels`; default quartiles).
     """
     edge_index, parts, inferred = _check_inputs(data, parts)
     P = inferred if num_parts is None else int(num_parts)
@@ -410,7 +451,7 @@ def iter_local_partitions(data, parts: Tensor, *, num_parts: Optional[int] = Non
         raise ValueError(f"cover was computed for {cover.num_parts} parts and "
                          f"{cover.pre.numel()} edges, not {P} parts and "
                          f"{edge_index.size(1)} edges")
-    plan = _Plan(edge_index, parts, P)
+    plan = _Plan(edge_index, parts, P, level_percentiles)
     for r in (range(P) if ranks is None else ranks):
         r = int(r)
         owned = plan.order[plan.owned_ptr[r]:plan.owned_ptr[r + 1]]

@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 
@@ -37,7 +37,7 @@ from .errors import (
 )
 from .cover import cut_cover
 from .fingerprint import graph_fingerprint, options_hash
-from .local import LocalPartition, iter_local_partitions
+from .local import QUARTILES, LocalPartition, check_level_percentiles, iter_local_partitions
 from .metis import _check_hosts, _check_num_parts, metis_partition, node_weights_for
 from .stats import PartitionStats, partition_stats
 
@@ -432,7 +432,8 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
                     seed: int = 0, force: bool = False, progress: bool = True,
                     ufactor: Optional[int] = None,
                     train_key: Optional[str] = "train_mask",
-                    hosts: Optional[int] = None) -> Path:
+                    hosts: Optional[int] = None,
+                    level_percentiles: Optional[Sequence[float]] = None) -> Path:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to disk.
 
     Runs :func:`metis_partition` with :func:`node_weights_for` weights, builds
@@ -458,6 +459,10 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
             per host, then every host's part into ``num_parts // hosts`` ranks
             (:func:`metis_partition`), so fewer rows cross hosts; must divide
             :obj:`num_parts`. Part of the cache key. (default: 1, flat)
+        level_percentiles (Sequence[float], optional): Where the importance levels of
+            boundary nodes start (per-node bit widths, ``codec="adaptive"``): three
+            increasing in-degree percentiles in (0, 1), e.g. ``(0.5, 0.8, 0.95)`` for fewer
+            wide rows than the default quartiles. Part of the cache key when given.
 
     Every partition also stores the exact minimum vertex cover of every rank
     pair's cut edges (:func:`~.cover.cut_cover`), from which each rank derives
@@ -480,6 +485,10 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
     num_nodes = int(data.num_nodes)
     _check_num_parts(num_parts, num_nodes)
     hosts = _check_hosts(hosts, num_parts)
+    if level_percentiles is not None:
+        level_percentiles = check_level_percentiles(level_percentiles)
+        if level_percentiles == QUARTILES:
+            level_percentiles = None
     options = {
         "method": "metis-kway",
         "seed": int(seed),
@@ -488,6 +497,9 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
         "hosts": hosts,
         "format_version": FORMAT_VERSION,
     }
+    if level_percentiles is not None:
+        # Only then, so that the cache keys of default partitions stay what they were.
+        options["level_percentiles"] = list(level_percentiles)
     fingerprint = graph_fingerprint(data)
     directory = partition_cache_dir(root, fingerprint, num_parts, options)
     say = _say if progress else (lambda *a: None)
@@ -520,7 +532,8 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
         directory.parent.mkdir(parents=True, exist_ok=True)
         save_partitions(tmp, iter_local_partitions(data, parts, num_parts=num_parts,
                                                    fingerprint=fingerprint,
-                                                   options=options, cover=cover),
+                                                   options=options, cover=cover,
+                                                   level_percentiles=level_percentiles),
                         stats, options=options)
         _publish(tmp, directory, force, num_parts, fingerprint)
     except PartitionError:

@@ -153,3 +153,35 @@ def test_boundary_levels_are_global_in_degree_quartiles_known_to_both_ends():
         assert (p.halo_level >= 0).all()
         sent = p.send_index
         assert (p.owned_level[sent] >= 0).all()
+
+
+def test_boundary_levels_with_skewed_percentiles():
+    from lightning_fullgraph.partition.local import (QUARTILES, boundary_levels,
+                                                     check_level_percentiles)
+    g = torch.Generator().manual_seed(1)
+    deg = torch.randint(0, 50, (400, ), generator=g)
+    boundary = torch.randint(0, 400, (300, ), generator=g)
+    # The quartiles as cut points are the default rule.
+    assert torch.equal(boundary_levels(deg, boundary, percentiles=QUARTILES),
+                       boundary_levels(deg, boundary))
+    skewed = boundary_levels(deg, boundary, percentiles=(0.5, 0.8, 0.95))
+    nodes = torch.unique(boundary)
+    level = skewed[nodes].long()
+    assert (skewed >= 0).sum() == nodes.numel() and level.min() >= 0 and level.max() == 3
+    # Levels are monotone in the degree and equal degrees share one level.
+    order = torch.argsort(deg[nodes], stable=True)
+    assert (level[order].diff() >= 0).all()
+    # Each level holds about its share of the pool (ties move whole degree groups).
+    share = torch.bincount(level, minlength=4).double() / nodes.numel()
+    assert share[0] > share[1] > share[2] > share[3] > 0
+    assert share[0] >= 0.4 and share[3] <= 0.1
+    # The ECDF rule: level = number of cut points below p_v.
+    pool = torch.sort(deg[nodes]).values
+    p = torch.searchsorted(pool, deg[nodes], right=True).double() / pool.numel()
+    want = (p > 0.5).long() + (p > 0.8).long() + (p > 0.95).long()
+    assert torch.equal(level, want)
+
+    for bad in [(0.5, 0.8), (0.8, 0.5, 0.9), (0.0, 0.5, 0.9), (0.5, 0.8, 1.0), ("a", 1, 2)]:
+        with pytest.raises(ValueError, match="level_percentiles"):
+            check_level_percentiles(bad)
+    assert check_level_percentiles(None) == QUARTILES

@@ -486,3 +486,30 @@ def test_loaded_partitions_carry_cut_edges_and_plans(saved):
                 assert torch.equal(getattr(pa, name), getattr(pb, name)), (m, name)
     manifest = read_manifest(path)
     assert manifest["stats"]["mode_rows"]["hybrid"] == int(cover.rows["hybrid"].sum())
+
+
+def test_level_percentiles_are_part_of_the_cache_key(tmp_path, graph):
+    default = partition_graph(graph, 2, root=tmp_path, progress=False)
+    # Quartiles given explicitly are the default partition (same directory, same levels).
+    assert partition_graph(graph, 2, root=tmp_path, progress=False,
+                           level_percentiles=(0.25, 0.5, 0.75)) == default
+    skewed = partition_graph(graph, 2, root=tmp_path, progress=False,
+                             level_percentiles=(0.5, 0.8, 0.95))
+    assert skewed != default
+    a, b = load_partition(default, 0, num_parts=2), load_partition(skewed, 0, num_parts=2)
+    assert torch.equal(a.owned_ids, b.owned_ids)  # the same METIS parts
+    assert (b.owned_level <= a.owned_level).all() and (b.owned_level < a.owned_level).any()
+    assert b.options["level_percentiles"] == [0.5, 0.8, 0.95]
+    assert "level_percentiles" not in a.options
+    with pytest.raises(ValueError, match="level_percentiles"):
+        partition_graph(graph, 2, root=tmp_path, progress=False, level_percentiles=(0.9, 0.5, 0.6))
+
+
+def test_datamodule_refuses_level_percentiles_for_a_written_partition(saved):
+    from lightning_fullgraph import FullGraphDataModule
+    _, path = saved
+    dm = FullGraphDataModule(str(path), level_percentiles=(0.5, 0.8, 0.95))
+    with pytest.raises(ValueError, match="re-partition"):
+        dm.prepare_data()
+    with pytest.raises(ValueError, match="increasing fractions"):
+        FullGraphDataModule("cora", level_percentiles=(0.5, 0.5, 0.9))

@@ -2,8 +2,9 @@ r"""Per-node bit widths (SYLVIE's data-adaptive quantization, §IV-A, with its t
 base width, §V-A).
 
 Every boundary node has an importance level :math:`k_v \in \{0, 1, 2, 3\}`: the quartile of
-its global in-degree among all boundary nodes, fixed at partition time and stored on both
-ends of every row (:attr:`LocalPartition.owned_level` for the sender,
+its global in-degree among all boundary nodes (or its level between the partition's
+``level_percentiles``, e.g. 50/80/95 for fewer wide rows), fixed at partition time and stored
+on both ends of every row (:attr:`LocalPartition.owned_level` for the sender,
 :attr:`LocalPartition.halo_level` for the receiver).  With the base width :math:`b_t` (set per
 epoch, e.g. by :class:`~lightning_fullgraph.callbacks.AdaptiveBitWidth`) node :math:`v`'s rows
 and gradients cross the wire with
