@@ -55,6 +55,8 @@ CONFIGS: Dict[str, Tuple[str, ...]] = {
     # Per-node widths with skewed levels: 50 % of boundary nodes at 1 bit, 30 % at 2,
     # 15 % at 4, 5 % at 8 (mean 2.1 bits instead of the quartiles' 3.75).
     "adaptive-50/80/95": ("--codec", "adaptive", "--level-percentiles", "50,80,95"),
+    # The same with a 2-bit floor (2, 2, 4, 8 bits; mean 2.6).
+    "adaptive2-50/80/95": ("--codec", "adaptive2", "--level-percentiles", "50,80,95"),
 }
 
 

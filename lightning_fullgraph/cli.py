@@ -100,11 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "mix per rank pair (default; all three are exact)")
     t.add_argument("--codec", default="fp32",
                    choices=["fp32", "bf16", "int8", "int4", "int2", "int1", "int2-nearest",
-                            "adaptive"],
+                            "adaptive", "adaptive2"],
                    help="wire format of halo rows and gradients (default fp32: exact; the "
                         "others are lossy: rows quantized per row with scale and zero point "
                         "on the wire, stochastic rounding unless '-nearest'; 'adaptive': "
-                        "per-node widths 1-8 by global in-degree quartile, or --level-percentiles)")
+                        "per-node widths 1-8 by global in-degree quartile, or --level-percentiles; "
+                        "'adaptive2': the same with at least 2 bits)")
     t.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
                    help=_LEVELS_HELP + "; with --codec adaptive")
     t.add_argument("--adaptive-bits", action="store_true",
@@ -282,7 +283,7 @@ def _train(args) -> int:
                          f"needs --strategy fullgraph and --codec int1/int2/int4/int8 or "
                          f"adaptive (got --strategy {args.strategy} --codec {args.codec})")
     if args.level_percentiles is not None and (args.strategy != "fullgraph"
-                                               or args.codec != "adaptive"):
+                                               or not args.codec.startswith("adaptive")):
         raise ValueError(f"--level-percentiles sets the per-node widths of --codec adaptive; "
                          f"it needs --strategy fullgraph and --codec adaptive (got --strategy "
                          f"{args.strategy} --codec {args.codec})")

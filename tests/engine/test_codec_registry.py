@@ -16,10 +16,15 @@ def test_names_resolve_to_codecs():
     assert codec_from_name("int2-nearest").rounding == "nearest"
     adaptive = codec_from_name("adaptive")
     assert adaptive.per_node and adaptive.bits == 1
+    floor2 = codec_from_name("adaptive2")  # a 2-bit floor: levels give 2, 2, 4, 8 bits
+    assert floor2.per_node and floor2.bits == 2
+    assert floor2.row_bits(torch.tensor([0, 1, 2, 3])).tolist() == [2, 2, 4, 8]
+    assert codec_from_name("adaptive2-nearest").rounding == "nearest"
     assert set(CODEC_NAMES) >= {"fp32", "bf16", "int8", "int4", "int2", "int1", "adaptive"}
 
 
-@pytest.mark.parametrize("name", ["int3", "fp16", "int2-up", "bf16-nearest"])
+@pytest.mark.parametrize("name", ["int3", "fp16", "int2-up", "bf16-nearest", "adaptive3",
+                                  "adaptive2-up"])
 def test_unknown_names_list_the_known_ones(name):
     with pytest.raises(ValueError, match="expected one of fp32, bf16"):
         codec_from_name(name)

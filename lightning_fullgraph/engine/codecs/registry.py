@@ -11,6 +11,7 @@ name          codec                                                          exa
 ``int1``      ``QuantizedCodec(bits=1)``                                     no
 ``adaptive``  :class:`~.node_adaptive.NodeAdaptiveCodec` ``(bits=1)``:       no
               per-node widths from importance levels (SYLVIE)
+``adaptive2`` ``NodeAdaptiveCodec(bits=2)``: the same with a 2-bit floor       no
 ============  =============================================================  ===========
 
 A suffix ``-nearest`` (``"int2-nearest"``) rounds to the nearest level instead of
@@ -24,7 +25,8 @@ from .identity import IdentityCodec
 __all__ = ["CODEC_NAMES", "codec_from_name", "wire_bits"]
 
 #: The names :func:`codec_from_name` accepts (without the ``-nearest`` suffix).
-CODEC_NAMES: Tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "int2", "int1", "adaptive")
+CODEC_NAMES: Tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "int2", "int1", "adaptive",
+                                  "adaptive2")
 _EXACT = ("fp32", "identity", "exact", "none")
 
 
@@ -41,9 +43,11 @@ def codec_from_name(name: str) -> Optional[Codec]:
     if base == "bf16" and not rounding:
         from .bfloat16 import BFloat16Codec
         return BFloat16Codec()
-    if base == "adaptive":
+    if base in ("adaptive", "adaptive1", "adaptive2", "adaptive4") \
+            and rounding in ("", "nearest", "stochastic"):
         from .node_adaptive import NodeAdaptiveCodec
-        return NodeAdaptiveCodec(1, rounding=rounding or "stochastic")
+        # The digit is the base width b_t: the floor of every node's width.
+        return NodeAdaptiveCodec(int(base[8:] or 1), rounding=rounding or "stochastic")
     if base.startswith("int") and base[3:] in ("1", "2", "4", "8") \
             and rounding in ("", "nearest", "stochastic"):
         from .quantized import QuantizedCodec
