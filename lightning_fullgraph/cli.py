@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "per-node widths 1-8 by global in-degree quartile, or --level-percentiles; "
                         "'adaptive2': the same with at least 2 bits)")
     t.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
-                   help=_LEVELS_HELP + "; with --codec adaptive")
+                   help=_LEVELS_HELP + "; with --codec adaptive or adaptive2")
     t.add_argument("--adaptive-bits", action="store_true",
                    help="change the quantized codec's width every epoch (1, 2, 4 or 8 bits, "
                         "starting at 1) from the loss-descent rate of all ranks (SYLVIE; the "
@@ -285,8 +285,8 @@ def _train(args) -> int:
     if args.level_percentiles is not None and (args.strategy != "fullgraph"
                                                or not args.codec.startswith("adaptive")):
         raise ValueError(f"--level-percentiles sets the per-node widths of --codec adaptive; "
-                         f"it needs --strategy fullgraph and --codec adaptive (got --strategy "
-                         f"{args.strategy} --codec {args.codec})")
+                         f"it needs --strategy fullgraph and --codec adaptive or adaptive2 "
+                         f"(got --strategy {args.strategy} --codec {args.codec})")
     pl.seed_everything(args.seed, verbose=False)
     if args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData

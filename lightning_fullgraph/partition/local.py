@@ -366,13 +366,12 @@ def boundary_levels(in_degree: Tensor, boundary: Tensor, levels: int = NUM_LEVEL
     pool = torch.sort(in_degree[nodes]).values
     # p_v = |{u in pool: d_u <= d_v}| / |pool|  (the empirical CDF; max degree -> 1)
     p = torch.searchsorted(pool, in_degree[nodes], right=True).double() / pool.numel()
-    if percentiles is None:
-        out[nodes] = (torch.ceil(p * levels) - 1).clamp(0, levels - 1).to(torch.int8)
-        return out
+    if percentiles is None:  # evenly spaced: quartiles for 4 levels
+        percentiles = [k / levels for k in range(1, levels)]
     cuts = torch.tensor([float(c) for c in percentiles], dtype=torch.float64)
     if cuts.numel() != levels - 1:
         raise ValueError(f"{levels} levels need {levels - 1} percentiles, got {cuts.numel()}")
-    # The number of cut points strictly below p_v (quartile cuts give the rule above).
+    # Level = the number of cut points strictly below p_v.
     out[nodes] = torch.searchsorted(cuts, p, right=False).clamp(0, levels - 1).to(torch.int8)
     return out
 

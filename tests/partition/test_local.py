@@ -180,6 +180,9 @@ def test_boundary_levels_with_skewed_percentiles():
     p = torch.searchsorted(pool, deg[nodes], right=True).double() / pool.numel()
     want = (p > 0.5).long() + (p > 0.8).long() + (p > 0.95).long()
     assert torch.equal(level, want)
+    # The default is SYLVIE's quartile rule, ceil(4 p_v) - 1 (the levels of older partitions).
+    quartile = (torch.ceil(p * 4) - 1).clamp(0, 3).long()
+    assert torch.equal(boundary_levels(deg, boundary)[nodes].long(), quartile)
 
     for bad in [(0.5, 0.8), (0.8, 0.5, 0.9), (0.0, 0.5, 0.9), (0.5, 0.8, 1.0), ("a", 1, 2)]:
         with pytest.raises(ValueError, match="level_percentiles"):

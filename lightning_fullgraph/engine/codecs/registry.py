@@ -43,11 +43,11 @@ def codec_from_name(name: str) -> Optional[Codec]:
     if base == "bf16" and not rounding:
         from .bfloat16 import BFloat16Codec
         return BFloat16Codec()
-    if base in ("adaptive", "adaptive1", "adaptive2", "adaptive4") \
-            and rounding in ("", "nearest", "stochastic"):
+    if base in ("adaptive", "adaptive2") and rounding in ("", "nearest", "stochastic"):
         from .node_adaptive import NodeAdaptiveCodec
         # The digit is the base width b_t: the floor of every node's width.
-        return NodeAdaptiveCodec(int(base[8:] or 1), rounding=rounding or "stochastic")
+        return NodeAdaptiveCodec(2 if base == "adaptive2" else 1,
+                                 rounding=rounding or "stochastic")
     if base.startswith("int") and base[3:] in ("1", "2", "4", "8") \
             and rounding in ("", "nearest", "stochastic"):
         from .quantized import QuantizedCodec
