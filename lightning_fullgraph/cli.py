@@ -62,8 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None, help="partition cache root")
     p.add_argument("--seed", type=int, default=0, help="METIS seed")
     p.add_argument("--hosts", type=int, default=None,
-                   help="machines the parts will run on: partition hosts first, then ranks "
-                        "within each host, so fewer rows cross machines (must divide --parts)")
+                   help="machines the parts will run on: ranks are placed on hosts so that "
+                        "fewer rows cross machines (must divide --parts)")
+    p.add_argument("--objective", default="vol", choices=["vol", "cut"],
+                   help="what METIS minimizes: vol = the halo rows exchanged (default), "
+                        "cut = the cut edges")
     p.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
                    help=_LEVELS_HELP)
     p.add_argument("--force", action="store_true", help="re-partition even if cached")
@@ -179,6 +182,9 @@ def _add_plan_parser(sub) -> None:
     q.add_argument("--hosts", type=int, default=1,
                    help="machines the ranks run on (host-aware partitions; must divide every "
                         "--parts value); inter-host bytes are reported")
+    q.add_argument("--objective", default="vol", choices=["vol", "cut"],
+                   help="what METIS minimizes: vol = the halo rows exchanged (default), "
+                        "cut = the cut edges")
     q.add_argument("--link", default=None, metavar="FILE.json",
                    help="latency/bandwidth from a file written by --save-link instead of "
                         "measuring them; 'none': predict no times")
@@ -241,7 +247,8 @@ def _plan(args) -> int:
     result = plan_sweep(data, args.parts, dataset=args.dataset, model=args.model,
                         hidden=args.hidden, layers=args.layers, dropout=args.dropout,
                         modes=modes, hosts=args.hosts, link=link, cache_dir=args.cache_dir,
-                        seed=args.seed, codec=args.codec, progress=say)
+                        seed=args.seed, codec=args.codec, objective=args.objective,
+                        progress=say)
     if args.plot:
         from .planner.plot import plot_sweep
         result["plot"] = str(plot_sweep(result, args.plot))
@@ -257,7 +264,7 @@ def _partition(args) -> int:
     from .partition import export_partition, partition_graph, read_manifest
     data = _load(args)
     path = partition_graph(data, args.parts, root=args.cache_dir, seed=args.seed,
-                           force=args.force, hosts=args.hosts,
+                           force=args.force, hosts=args.hosts, objective=args.objective,
                            level_percentiles=args.level_percentiles)  # progress: stderr
     if args.out:
         path = export_partition(path, args.out)  # never deletes what it did not write
@@ -265,6 +272,7 @@ def _partition(args) -> int:
     if args.json:
         print(json.dumps({"directory": str(path), "num_parts": manifest["num_parts"],
                           "fingerprint": manifest["fingerprint"],
+                          "options": manifest.get("options"),
                           "stats": manifest.get("stats")}, indent=2))
     else:
         print(f"partitions written to {path}")

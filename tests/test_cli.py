@@ -34,6 +34,18 @@ def test_partition_json(tmp_path, capsys):
                                                         "part-1-of-3.pt"]
 
 
+def test_partition_objective(tmp_path, capsys):
+    # The volume objective (default) sends fewer halo rows than the edge-cut one.
+    rows = {}
+    for objective in ("vol", "cut"):
+        assert main(["partition", "--dataset", "cora", "--parts", "4", "--cache-dir",
+                     str(tmp_path), "--objective", objective, "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["options"]["objective"] == objective
+        rows[objective] = info["stats"]["total_halo"]
+    assert rows["vol"] < rows["cut"]
+
+
 def test_bad_dataset_is_a_clear_error(capsys):
     assert main(["partition", "--dataset", "imagenet"]) == 2
     assert "known datasets" in capsys.readouterr().err

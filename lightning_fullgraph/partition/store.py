@@ -38,7 +38,8 @@ from .errors import (
 from .cover import cut_cover
 from .fingerprint import graph_fingerprint, options_hash
 from .local import QUARTILES, LocalPartition, check_level_percentiles, iter_local_partitions
-from .metis import _check_hosts, _check_num_parts, metis_partition, node_weights_for
+from .metis import (DEFAULT_OBJECTIVE, _check_hosts, _check_num_parts, check_objective,
+                    metis_partition, node_weights_for)
 from .stats import PartitionStats, partition_stats
 
 __all__ = [
@@ -433,7 +434,8 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
                     ufactor: Optional[int] = None,
                     train_key: Optional[str] = "train_mask",
                     hosts: Optional[int] = None,
-                    level_percentiles: Optional[Sequence[float]] = None) -> Path:
+                    level_percentiles: Optional[Sequence[float]] = None,
+                    objective: str = DEFAULT_OBJECTIVE) -> Path:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to disk.
 
     Runs :func:`metis_partition` with :func:`node_weights_for` weights, builds
@@ -463,6 +465,9 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
             boundary nodes start (per-node bit widths, ``codec="adaptive"``): three
             increasing in-degree percentiles in (0, 1), e.g. ``(0.5, 0.8, 0.95)`` for fewer
             wide rows than the default quartiles. Part of the cache key when given.
+        objective (str): What METIS minimizes: ``"vol"``, the halo rows
+            exchanged (communication volume), or ``"cut"``, the cut edges
+            (:func:`metis_partition`). Part of the cache key. (default: ``"vol"``)
 
     Every partition also stores the exact minimum vertex cover of every rank
     pair's cut edges (:func:`~.cover.cut_cover`), from which each rank derives
@@ -485,12 +490,14 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
     num_nodes = int(data.num_nodes)
     _check_num_parts(num_parts, num_nodes)
     hosts = _check_hosts(hosts, num_parts)
+    objective = check_objective(objective)
     if level_percentiles is not None:
         level_percentiles = check_level_percentiles(level_percentiles)
         if level_percentiles == QUARTILES:
             level_percentiles = None
     options = {
         "method": "metis-kway",
+        "objective": objective,
         "seed": int(seed),
         "ufactor": ufactor,
         "weights": "in_degree+1" + (f", {train_key}" if train_key else ""),
@@ -511,11 +518,11 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
     weights = node_weights_for(data, train_key=train_key)
     t1 = time.perf_counter()
     parts = metis_partition(edge_index, num_nodes, num_parts, node_weights=weights,
-                            seed=seed, ufactor=ufactor, hosts=hosts)
+                            seed=seed, ufactor=ufactor, hosts=hosts, objective=objective)
     t2 = time.perf_counter()
     where = f" ({hosts} hosts x {num_parts // hosts})" if hosts > 1 else ""
-    say(f"[partition] METIS {num_nodes:,} nodes / {edge_index.size(1):,} edges into "
-        f"{num_parts} parts{where}: {t2 - t1:.1f}s")
+    say(f"[partition] METIS ({objective}) {num_nodes:,} nodes / {edge_index.size(1):,} "
+        f"edges into {num_parts} parts{where}: {t2 - t1:.1f}s")
     cover = cut_cover(edge_index, parts, num_parts)
     train_mask = getattr(data, train_key, None) if train_key else None
     if not (isinstance(train_mask, torch.Tensor) and train_mask.dtype == torch.bool

@@ -64,6 +64,7 @@ def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str
                hidden: int = 16, layers: int = 2, dropout: float = 0.5,
                modes: Sequence[str] = MODES, hosts: int = 1, link: Optional[LinkModel] = None,
                cache_dir: Optional[str] = None, seed: int = 0, codec: Any = None,
+               objective: str = "vol",
                progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     r"""Predicts bytes, exchange time and memory per epoch for every part count and mode.
 
@@ -77,6 +78,8 @@ def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str
         link (LinkModel, optional): Measured link (no seconds without one).
         cache_dir (str, optional): Partition cache root.
         seed (int): METIS seed.
+        objective (str): METIS objective, ``"vol"`` or ``"cut"`` (see
+            :func:`~lightning_fullgraph.partition.metis_partition`).
         codec (str, Codec or ExchangePolicy, optional): The wire format (``"int2"``, ...);
             fixed-width codecs only (per-node widths are not predicted yet).
         progress (Callable[[str], None], optional): Called with a line per stage.
@@ -102,7 +105,8 @@ def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str
     for P in parts:
         t0 = time.perf_counter()
         say(f"partitioning into {P} parts (cached partitions are reused) ...")
-        path = partition_graph(data, P, root=cache_dir, seed=seed, hosts=hosts, progress=False)
+        path = partition_graph(data, P, root=cache_dir, seed=seed, hosts=hosts,
+                               objective=objective, progress=False)
         counts = partition_counts(path, modes=tuple(dict.fromkeys(("post", *modes))))
         say(f"{P} parts ready in {time.perf_counter() - t0:.1f} s: {path}")
         entry: Dict[str, Any] = {"parts": P, "partition": str(path), "modes": {}}
@@ -124,6 +128,7 @@ def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str
         "model": {"name": model, "hidden": hidden, "layers": layers, "dropout": dropout,
                   "parameters": any_profile.num_parameters},
         "hosts": hosts,
+        "objective": objective,
         "codec": codec if isinstance(codec, str) or codec is None else repr(codec),
         "epoch": "one training step (forward + backward), steady state",
         "link": link.to_dict() if link is not None else None,

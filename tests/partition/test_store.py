@@ -55,6 +55,20 @@ def test_cache_hit_does_not_rerun_metis(tmp_path, graph, monkeypatch):
     load_partition(p3, 1, num_parts=2)
 
 
+def test_objective_is_part_of_the_cache_key(tmp_path, graph, monkeypatch):
+    seen = []
+    real = store.metis_partition
+    monkeypatch.setattr(store, "metis_partition",
+                        lambda *a, **k: seen.append(k["objective"]) or real(*a, **k))
+    vol = partition_graph(graph, 2, root=tmp_path, progress=False)
+    cut = partition_graph(graph, 2, root=tmp_path, progress=False, objective="cut")
+    assert vol != cut and seen == ["vol", "cut"]
+    assert read_manifest(vol)["options"]["objective"] == "vol"
+    assert read_manifest(cut)["options"]["objective"] == "cut"
+    with pytest.raises(ValueError, match="unknown METIS objective 'edges'"):
+        partition_graph(graph, 2, root=tmp_path, progress=False, objective="edges")
+
+
 def test_env_cache_root(tmp_path, graph, monkeypatch):
     monkeypatch.setenv("LIGHTNING_FULLGRAPH_CACHE", str(tmp_path / "envroot"))
     path = partition_graph(graph, 2, progress=False)
