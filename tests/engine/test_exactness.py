@@ -111,9 +111,13 @@ def _compare_all_layers(rank: int, world_size: int, aggregation: str = "post"):
     return errors
 
 
-# Partial aggregates sum in another order; 20 fp32 Adam steps amplify that rounding (measured
-# up to 1.6e-5, GINConv in pre at P=4; 1.04e-5 in hybrid). float64 stays at 1e-10.
-TRAJECTORY32 = {"post": FP32, "hybrid": 3e-5, "pre": 3e-5}
+# A rank sums a node's messages in its local edge order and partial aggregates arrive in
+# another; 20 fp32 Adam steps amplify that rounding, in one tensor only (GINConv's last MLP
+# weight, whose sum aggregation feeds two linear layers): measured with METIS' volume
+# objective 1.66e-5 in post (P=3), 1.80e-5 in hybrid (P=2), 1.20e-5 in pre; every other
+# tensor of every layer stays below 1e-5, and single steps (logits, gradients) below 1e-5
+# too. float64 trajectories, asserted below, stay at 1e-10: the engine itself is exact.
+TRAJECTORY32 = {"post": 3e-5, "hybrid": 3e-5, "pre": 3e-5}
 
 
 @pytest.mark.multiprocess
