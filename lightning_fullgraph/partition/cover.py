@@ -45,6 +45,7 @@ __all__ = [
     "CutCover",
     "min_vertex_cover",
     "cut_cover",
+    "post_rows",
 ]
 
 #: Aggregation modes of a partition: every cut edge post (today's halo
@@ -225,3 +226,27 @@ def cut_cover(edge_index: Tensor, parts: Tensor, num_parts: Optional[int] = None
     rows = {"post": vc.num_src.view(P, P), "pre": vc.num_dst.view(P, P),
             "hybrid": vc.cover_size.view(P, P)}
     return CutCover(num_parts=P, pre=pre, rows=rows, seconds=time.perf_counter() - t0)
+
+
+def post_rows(edge_index: Tensor, parts: Tensor, num_parts: int) -> Tensor:
+    r"""Rows of the post mode per ordered rank pair, without the vertex cover.
+
+    ``rows[s, d]`` = distinct nodes of part ``s`` with an edge into part ``d`` (the
+    halo rows ``s`` sends ``d``; equal to ``cut_cover(...).rows["post"]``).
+
+    Args:
+        edge_index (torch.Tensor): Global edges, shape :math:`[2, E]`.
+        parts (torch.Tensor): Owner rank of every node, shape :math:`[N]`.
+        num_parts (int): :math:`P`.
+
+    Returns:
+        torch.Tensor: int64 :math:`[P, P]`, zero diagonal.
+    """
+    parts = torch.as_tensor(parts).detach().cpu().to(torch.long).reshape(-1)
+    ei = edge_index.detach().cpu().to(torch.long)
+    P, N = int(num_parts), parts.numel()
+    ps, pd = parts[ei[0]], parts[ei[1]]
+    cut = ps != pd
+    pairs = torch.unique(pd[cut] * N + ei[0, cut])  # (receiver, source node), once each
+    receiver, node = pairs // N, pairs % N
+    return torch.bincount(parts[node] * P + receiver, minlength=P * P).view(P, P)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .cover import post_rows
 from .errors import EmptyPartitionError
 
 __all__ = [
@@ -41,8 +42,9 @@ _METIS_NOPTIONS = 40
 # What METIS minimizes (METIS_OPTION_OBJTYPE): "cut" the number of cut edges, "vol"
 # the total communication volume, i.e. the number of (node, other part) pairs
 # with an edge between them -- exactly the halo rows the post-aggregation mode
-# sends. "vol" gives 8-10 % fewer halo rows and a larger pre/post gain on Cora and
-# the synthetic graph (benchmarks/aggregation.py), for a 1.5x slower METIS.
+# sends. "vol" gives 3-10 % fewer post rows and 4-17 % fewer hybrid rows on Cora and
+# the 1M-node synthetic graph at P = 2, 4, 8 (benchmarks/aggregation.py --partition-only),
+# for a slower METIS (benchmarks/hosts.py prints its seconds per objective).
 OBJECTIVES = {"cut": 0, "vol": 1}
 DEFAULT_OBJECTIVE = "vol"
 
@@ -251,13 +253,14 @@ def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int, *,
         seed (int): METIS random seed; equal inputs and seeds give equal parts.
         ufactor (int, optional): Allowed imbalance in 1/1000 (METIS default 30).
         hosts (int, optional): Number of hosts :math:`H` the parts run on. With
-            :math:`1 < H < P` the partition is hierarchical: METIS first splits
-            the graph into :math:`H` host parts, then every host part's induced
-            subgraph into :math:`P / H` parts (same weights, same seed); host
-            :math:`h` gets parts :math:`h P/H, \dots, (h+1) P/H - 1`, the way
-            Lightning numbers ranks across nodes. Cut edges then mostly join
-            ranks of one host. :math:`P` must be a multiple of :math:`H`.
-            (default: :obj:`None`, flat k-way)
+            :math:`1 < H < P` host :math:`h` gets parts
+            :math:`h P/H, \dots, (h+1) P/H - 1`, the way Lightning numbers ranks
+            across nodes, and of two candidates the one with fewer post rows
+            crossing hosts is returned: METIS splitting the graph into :math:`H`
+            host parts and then every host part into :math:`P / H`, or the flat
+            :math:`P`-way partition with its parts grouped onto hosts (never more
+            inter-host post rows than flat; METIS runs twice). :math:`P` must be
+            a multiple of :math:`H`. (default: :obj:`None`, flat k-way)
         objective (str): What METIS minimizes: ``"vol"``, the total
             communication volume (the number of halo rows the post-aggregation
             exchange sends: every node counts once per other part it has an edge
@@ -316,21 +319,9 @@ def _host_aware(edge_index: Tensor, num_nodes: int, num_parts: int, hosts: int, 
     return grouped
 
 
-def _post_rows(edge_index: Tensor, parts: Tensor, num_parts: int) -> Tensor:
-    r"""``rows[s, d]``: distinct nodes of part ``s`` with an edge into part ``d``
-    (the rows ``s`` sends ``d`` in the post mode), int64 :math:`[P, P]`."""
-    ei = edge_index.detach().cpu().to(torch.long)
-    ps, pd = parts[ei[0]], parts[ei[1]]
-    cut = ps != pd
-    key = torch.unique(ei[0, cut] * num_parts + pd[cut])
-    src_part = parts[torch.div(key, num_parts, rounding_mode="floor")]
-    return torch.bincount(src_part * num_parts + key % num_parts,
-                          minlength=num_parts * num_parts).view(num_parts, num_parts)
-
-
 def _inter_host_rows(edge_index: Tensor, parts: Tensor, num_parts: int, hosts: int) -> int:
     host = torch.arange(num_parts) // (num_parts // hosts)
-    rows = _post_rows(edge_index, parts, num_parts)
+    rows = post_rows(edge_index, parts, num_parts)
     return int(rows[host.view(-1, 1) != host.view(1, -1)].sum())
 
 
@@ -346,7 +337,7 @@ def _group_onto_hosts(edge_index: Tensor, parts: Tensor, num_parts: int,
     identity grouping wins ties, so the flat numbering is kept unless better.
     """
     per = num_parts // hosts
-    rows = _post_rows(edge_index, parts, num_parts)
+    rows = post_rows(edge_index, parts, num_parts)
     sym = (rows + rows.t()).tolist()  # rows both ways between parts i and j
 
     def intra(groups) -> int:

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from .cover import MODES, CutCover, cut_cover
+from .cover import MODES, CutCover, cut_cover, post_rows
 
 __all__ = ["PartitionStats", "partition_stats"]
 
@@ -250,10 +250,8 @@ def _stats_from_parts(parts: Tensor, edge_index: Tensor, train_mask: Optional[Te
     cut_mask = ps != pd
     owned = torch.bincount(parts, minlength=P).tolist()
     edges = torch.bincount(pd, minlength=P).tolist()
-    # Halo of rank r = distinct (r, src) pairs over cut edges.
-    pairs = torch.unique(pd[cut_mask] * N + src[cut_mask])
-    receiver, node = pairs // N, pairs % N
-    comm = torch.bincount(receiver * P + parts[node], minlength=P * P).view(P, P)
+    # Halo of rank r = distinct (r, src) pairs over cut edges (receiver-major).
+    comm = post_rows(edge_index, parts, P).t()
     halo = comm.sum(1).tolist()
     train: List[int] = []
     if train_mask is not None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..partition.cover import MODES
+from ..partition.metis import DEFAULT_OBJECTIVE
 from .counts import partition_counts
 from .link import LinkModel
 from .model import CommunicationModel
@@ -64,7 +65,7 @@ def plan_sweep(data: Any, parts: Sequence[int], *, dataset: str = "", model: str
                hidden: int = 16, layers: int = 2, dropout: float = 0.5,
                modes: Sequence[str] = MODES, hosts: int = 1, link: Optional[LinkModel] = None,
                cache_dir: Optional[str] = None, seed: int = 0, codec: Any = None,
-               objective: str = "vol",
+               objective: str = DEFAULT_OBJECTIVE,
                progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     r"""Predicts bytes, exchange time and memory per epoch for every part count and mode.
 

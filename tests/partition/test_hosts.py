@@ -64,14 +64,16 @@ def test_fewer_rows_cross_hosts(community_graph, objective, P, H):
 def test_grouping_onto_hosts_is_optimal(community_graph, P, H):
     import itertools
 
-    from lightning_fullgraph.partition.metis import _group_onto_hosts, _post_rows, _swap_search
+    from lightning_fullgraph.partition.cover import cut_cover, post_rows
+    from lightning_fullgraph.partition.metis import _group_onto_hosts, _swap_search
     data = community_graph
     flat = metis_partition(data.edge_index, data.num_nodes, P)
     grouped = _group_onto_hosts(data.edge_index, flat, P, H)
     # A renumbering of whole parts: same part sizes as a multiset.
     assert sorted(torch.bincount(grouped).tolist()) == sorted(torch.bincount(flat).tolist())
     # Brute force over every labelling of the parts with ranks.
-    rows = _post_rows(data.edge_index, flat, P)
+    rows = post_rows(data.edge_index, flat, P)
+    assert torch.equal(rows, cut_cover(data.edge_index, flat, P).rows["post"])
     host = torch.tensor(list(itertools.permutations(range(P)))) // (P // H)
     crossing = host.unsqueeze(2) != host.unsqueeze(1)  # [P!, P, P]
     best = int((crossing * rows).sum(dim=(1, 2)).min())
