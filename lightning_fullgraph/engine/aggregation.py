@@ -170,6 +170,10 @@ class AggregationRouter:
         self._graphs[id(edge_index)] = (mode, edge_index)
         return edge_index
 
+    def cached_graph(self, key: tuple) -> Optional[Tensor]:
+        r"""The edge list :meth:`canonical_graph` stored under :obj:`key`, if any."""
+        return self._cache.get(key)
+
     def canonical_graph(self, key: tuple, edge_index: Tensor, mode: str) -> Tensor:
         r"""One tensor object per derived edge list (e.g. the mode's edges with self-loops),
         so that ``gcn_norm`` returns the same object every call (and PyG's ``cached``
@@ -188,7 +192,14 @@ class AggregationRouter:
         key = ("edges", mode, device)
         out = self._cache.get(key)
         if out is None:
-            out = self.register_graph(self.plan(mode).edge_index.to(device), mode)
+            edges = self.plan(mode).edge_index.to(device)
+            if edges.untyped_storage().data_ptr() == \
+                    self.partition.edge_index.untyped_storage().data_ptr():
+                # The plan shares the in-edge list (nothing pre-aggregated on this rank): a
+                # view of it, so that the user's edge_index is not taken for an edge list
+                # the engine made (its calls must still take part in the agreement).
+                edges = edges.view(edges.shape)
+            out = self.register_graph(edges, mode)
             self._cache[key] = out
         return out
 

@@ -92,27 +92,64 @@ def mode_gcn_norm(router, mode: str, edge_index: Tensor, edge_weight: Optional[T
     n, device = ex.num_owned, edge_index.device
     fill = 2. if improved else 1.
     # Owned degrees from the complete in-edge list (this rank holds every in-edge).
-    full_index, full_weight = edge_index, edge_weight
-    if add_self_loops:
-        full_index, full_weight = add_remaining_self_loops(edge_index, edge_weight, fill, n)
-    if full_weight is None:
-        full_weight = torch.ones((full_index.size(1), ), dtype=dtype, device=device)
-    deg = scatter(full_weight, full_index[1], dim=0, dim_size=n, reduce='sum')
+    deg = _owned_degree(edge_index, edge_weight, fill, n, add_self_loops, dtype)
     deg_src = ex.extend(deg.unsqueeze(-1), key=f"{key}.degree").squeeze(-1)
     deg_slots = ex.to_slots(deg.unsqueeze(-1), key=f"{key}.degree.slots").squeeze(-1)
 
-    # The mode's edges and raw weights; self-loops belong to owned nodes only.
+    # The mode's edges and raw weights; self-loops belong to owned nodes only.  The looped
+    # edge list is made once (the router keeps it); later calls only loop the weights.
     index = router.mode_edge_index(mode, device)
     weight = router.mode_edge_values(mode, edge_weight, attr)
     if add_self_loops:
-        looped, weight = add_remaining_self_loops(index, weight, fill, n)
-        index = router.canonical_graph((mode, "self-loops", device), looped, mode)
-    if weight is None:
-        weight = torch.ones((index.size(1), ), dtype=full_weight.dtype, device=device)
+        graph_key = (mode, "self-loops", device)
+        looped = router.cached_graph(graph_key)
+        if looped is None:
+            looped, weight = add_remaining_self_loops(index, weight, fill, n)
+            looped = router.canonical_graph(graph_key, looped, mode)
+        elif weight is not None:
+            weight = _self_loop_values(index, weight, fill, n)
+        index = looped
     dis_src = deg_src.pow(-0.5).masked_fill(deg_src == 0, 0)
     deg_dst = torch.cat([deg, deg_slots])
     dis_dst = deg_dst.pow(-0.5).masked_fill(deg_dst == 0, 0)
-    return index, dis_src[index[0]] * weight * dis_dst[index[1]]
+    norm = dis_src[index[0]]
+    if weight is not None:  # unit weights: the product is the same without them
+        norm = norm * weight
+    return index, norm * dis_dst[index[1]]
+
+
+def _owned_degree(edge_index: Tensor, edge_weight: Optional[Tensor], fill: float, n: int,
+                  add_self_loops: bool, dtype: Optional[torch.dtype]) -> Tensor:
+    r"""In-degree of the owned nodes as ``gcn_norm`` computes it (existing self-loops
+    replaced by one per node, weighted like ``add_remaining_self_loops``), without
+    materializing the looped edge list: that is a copy of all in-edges every call."""
+    dst = edge_index[1]
+    if not add_self_loops:
+        weight = edge_weight if edge_weight is not None else \
+            torch.ones(dst.numel(), dtype=dtype, device=dst.device)
+        return scatter(weight, dst, dim=0, dim_size=n, reduce='sum')
+    keep = edge_index[0] != dst
+    kept_dst = dst[keep]
+    if edge_weight is None:  # add_remaining_self_loops gives no weights: all ones
+        ones = torch.ones(kept_dst.numel(), dtype=dtype, device=dst.device)
+        return scatter(ones, kept_dst, dim=0, dim_size=n, reduce='sum') + 1
+    loops = _loop_values(edge_index, edge_weight, keep, fill, n)
+    return scatter(edge_weight[keep], kept_dst, dim=0, dim_size=n, reduce='sum') + loops
+
+
+def _loop_values(edge_index: Tensor, weight: Tensor, keep: Tensor, fill: float,
+                 n: int) -> Tensor:
+    # add_remaining_self_loops' weights of the added loops: fill, or an existing loop's.
+    loops = torch.full((n, ), fill, dtype=weight.dtype, device=weight.device)
+    dropped = ~keep
+    loops[edge_index[0][dropped]] = weight[dropped]
+    return loops
+
+
+def _self_loop_values(edge_index: Tensor, weight: Tensor, fill: float, n: int) -> Tensor:
+    r"""The weights ``add_remaining_self_loops(edge_index, weight, fill, n)`` returns."""
+    keep = edge_index[0] != edge_index[1]
+    return torch.cat([weight[keep], _loop_values(edge_index, weight, keep, fill, n)])
 
 
 def _layer_key() -> str:

@@ -96,9 +96,11 @@ class AggregationPlan:
             in-edges whose source is owned or that are post in this mode (in
             :attr:`LocalPartition.edge_index` order), then (b) this rank's
             outgoing pre cut edges (owned source to pre slot), in global edge
-            order.
-        in_edges (torch.Tensor): int64 :math:`[E_a]`, position in
-            :attr:`LocalPartition.edge_index` of every edge of part (a).
+            order. A mode that keeps every in-edge and has no part (b) (always
+            ``"post"``) shares :attr:`LocalPartition.edge_index` instead of a copy.
+        in_edges (torch.Tensor): int32 (int64 beyond :math:`2^{31}` edges)
+            :math:`[E_a]`, position in :attr:`LocalPartition.edge_index` of every
+            edge of part (a).
         out_edges (torch.Tensor): int64 :math:`[E_b]`, position in the
             outgoing-cut-edge list (:attr:`LocalPartition.out_edge_ids`) of
             every edge of part (b).
@@ -128,6 +130,12 @@ class AggregationPlan:
     def rows_received(self) -> int:
         r"""Rows this rank receives per exchange (post + pre channel)."""
         return self.post.num_recv + self.pre.num_recv
+
+
+def _position_dtype(n: int) -> torch.dtype:
+    # Edge positions as int32 when they fit: half the memory of int64 on large ranks
+    # (index_select takes either).
+    return torch.int32 if n < 2**31 else torch.long
 
 
 def _keys_unique(key: Tensor) -> Tensor:
@@ -164,14 +172,18 @@ def build_plan(part: "LocalPartition", mode: str) -> AggregationPlan:
         out_pre = part.out_pre.to(torch.bool)
 
     # (a) In-edges kept on this rank, halo renumbered to this mode's halo.
-    in_edges = (~in_pre).nonzero().flatten()
-    a_src, a_dst = src_l[in_edges], dst_l[in_edges]
-    used = torch.zeros(part.num_halo, dtype=torch.bool)
-    a_halo = a_src >= n_own
-    used[a_src[a_halo] - n_own] = True
-    new_pos = torch.cumsum(used.to(long), 0) - 1
-    a_src = a_src.clone()
-    a_src[a_halo] = n_own + new_pos[a_src[a_halo] - n_own]
+    keeps_all = not bool(in_pre.any())
+    in_edges = (~in_pre).nonzero().flatten().to(_position_dtype(src_l.numel()))
+    if keeps_all:  # every in-edge, every halo node (the halo is their sources): no copy
+        a_src, a_dst = src_l, dst_l
+        used = torch.ones(part.num_halo, dtype=torch.bool)
+    else:
+        a_src, a_dst = src_l[in_edges], dst_l[in_edges]
+        used = torch.zeros(part.num_halo, dtype=torch.bool)
+        a_halo = a_src >= n_own
+        used[a_src[a_halo] - n_own] = True
+        new_pos = torch.cumsum(used.to(long), 0) - 1
+        a_src[a_halo] = n_own + new_pos[a_src[a_halo] - n_own]
     halo_ids = part.halo_ids[used]
     H = int(halo_ids.numel())
     post_recv_counts = torch.bincount(halo_owner[used], minlength=P)
@@ -200,7 +212,11 @@ def build_plan(part: "LocalPartition", mode: str) -> AggregationPlan:
     pre_recv_index = r_key % stride
     pre_recv_counts = torch.bincount(r_key // stride, minlength=P)
 
-    edge_index = torch.stack([torch.cat([a_src, b_src]), torch.cat([a_dst, b_dst])])
+    if keeps_all and b_src.numel() == 0:
+        # The mode's edges are the in-edge list itself: share it (post, or nothing cut).
+        edge_index = part.edge_index
+    else:
+        edge_index = torch.stack([torch.cat([a_src, b_src]), torch.cat([a_dst, b_dst])])
     return AggregationPlan(
         mode=mode, num_owned=n_own, halo_ids=halo_ids, num_pre_slots=S_pre,
         pre_slot_ids=pre_slot_ids,

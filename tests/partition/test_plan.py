@@ -259,7 +259,7 @@ def test_post_mode_is_todays_plan(built, graph, parts_kind, P):
         assert torch.equal(pl.post.send_counts, lp.send_counts)
         assert torch.equal(pl.post.recv_counts, lp.halo_counts)
         assert torch.equal(pl.edge_index, lp.edge_index)
-        assert torch.equal(pl.in_edges, torch.arange(lp.num_local_edges))
+        assert torch.equal(pl.in_edges.long(), torch.arange(lp.num_local_edges))
         assert pl.num_pre_slots == 0 and pl.out_edges.numel() == 0
         assert pl.pre.send_index.numel() == 0 and pl.pre.recv_index.numel() == 0
         assert int(pl.pre.send_counts.sum()) == 0 and int(pl.pre.recv_counts.sum()) == 0
@@ -308,3 +308,17 @@ def test_single_part_has_no_exchange(make_graph):
         pl = lp.plan(m)
         assert pl.rows_sent == pl.rows_received == 0
         assert torch.equal(pl.edge_index, lp.edge_index)
+
+
+def test_modes_without_pre_edges_share_the_in_edge_list(cora):
+    # P = 1: nothing is cut, so every mode keeps all in-edges: no copy of the edge list.
+    lp = build_local_partitions(cora, torch.zeros(cora.num_nodes, dtype=torch.long))[0]
+    for mode in MODES:
+        pl = lp.plan(mode)
+        assert pl.edge_index is lp.edge_index
+        assert pl.in_edges.dtype == torch.int32
+    # Post shares it at any P; a mode with pre edges has its own list.
+    parts = metis_partition(cora.edge_index, cora.num_nodes, 2)
+    lp = build_local_partitions(cora, parts)[0]
+    assert lp.plan("post").edge_index is lp.edge_index
+    assert lp.plan("pre").edge_index is not lp.edge_index

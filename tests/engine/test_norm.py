@@ -1,0 +1,59 @@
+"""The pieces of the engine's pre/hybrid ``gcn_norm`` that avoid copying the edge list
+equal what PyG's ``add_remaining_self_loops`` gives, and the router never takes the user's
+edge list for one it made."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch_geometric.utils import add_remaining_self_loops, scatter
+
+from lightning_fullgraph.engine.aggregation import AggregationRouter
+from lightning_fullgraph.engine.norm import _owned_degree, _self_loop_values
+from lightning_fullgraph.partition import build_local_partitions
+
+
+def _graph_with_self_loops(n=30, e=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    loops = torch.tensor([[3, 3, 7, 12], [3, 3, 7, 12]])  # one duplicated
+    ei = torch.cat([ei, loops], dim=1)
+    w = torch.rand(ei.size(1), generator=g, dtype=torch.float64) + 0.1
+    return ei, w, n
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("improved", [False, True])
+@pytest.mark.parametrize("loops", [False, True])
+def test_owned_degree_equals_the_looped_list(weighted, improved, loops):
+    ei, w, n = _graph_with_self_loops()
+    w = w if weighted else None
+    fill = 2. if improved else 1.
+    index, weight = (add_remaining_self_loops(ei, w, fill, n) if loops else (ei, w))
+    if weight is None:
+        weight = torch.ones(index.size(1), dtype=torch.float64)
+    expected = scatter(weight, index[1], dim=0, dim_size=n, reduce='sum')
+    got = _owned_degree(ei, w, fill, n, loops, torch.float64)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("improved", [False, True])
+def test_self_loop_values_equal_pyg(improved):
+    ei, w, n = _graph_with_self_loops(seed=1)
+    fill = 2. if improved else 1.
+    _, expected = add_remaining_self_loops(ei, w, fill, n)
+    assert torch.equal(_self_loop_values(ei, w, fill, n), expected)
+
+
+def test_shared_in_edge_list_is_not_taken_for_a_mode_graph():
+    from lightning_fullgraph.data import load_cora
+    cora_data = load_cora()
+    # One part: the hybrid plan shares the partition's edge list.  The router hands out a
+    # distinct tensor for it, so the user's edge_index still goes through the agreement.
+    lp = build_local_partitions(cora_data, torch.zeros(cora_data.num_nodes,
+                                                       dtype=torch.long))[0]
+    exchanges = {m: SimpleNamespace(plan=lp.plan(m)) for m in ("post", "hybrid")}
+    router = AggregationRouter(lp, exchanges, mode="hybrid")
+    edges = router.mode_edge_index("hybrid", torch.device("cpu"))
+    assert edges is not lp.edge_index and torch.equal(edges, lp.edge_index)
+    assert router.graph_mode(edges) == "hybrid"
+    assert router.graph_mode(lp.edge_index) is None
