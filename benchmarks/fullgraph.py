@@ -148,6 +148,8 @@ def engine_kwargs(cfg: Dict[str, Any]) -> Dict[str, Any]:
         out["aggregation"] = cfg["aggregation"]
     if cfg.get("cache_static") is not None:
         out["cache_static"] = bool(cfg["cache_static"])
+    if cfg.get("overlap"):
+        out["overlap"] = True
     return out
 
 
@@ -605,6 +607,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--aggregation", choices=("post", "pre", "hybrid"), default=None,
                    help="FullGraphEngine(aggregation=...) of the ranks (default: the engine's "
                         "default); benchmarks/aggregation.py compares the three")
+    p.add_argument("--overlap", action="store_true",
+                   help="FullGraphEngine(overlap=True): the halo transfer runs while the "
+                        "edges with owned sources aggregate (needs --kernels other than pyg)")
     p.add_argument("--no-single", action="store_true",
                    help="skip the single-process baseline (no ratios, no target check)")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after the warm-up)")
@@ -737,7 +742,7 @@ def main(argv=None) -> int:
 
     # 3. One fresh set of processes per configuration.
     base_cfg = {"model": args.model, "kernels": args.kernels, "hidden": args.hidden,
-                "aggregation": args.aggregation,
+                "aggregation": args.aggregation, "overlap": args.overlap,
                 "num_classes": args.classes,
                 "epochs": args.epochs, "warmup": args.warmup, "seed": args.seed,
                 "timeout_s": args.timeout}

@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "halo rows and gradients one epoch stale while this epoch's are in "
                         "flight, a synchronous epoch after 10 async ones), 'adaptive' (SYLVIE: "
                         "sync or async per epoch from the loss-descent rate)")
+    t.add_argument("--overlap", action="store_true",
+                   help="overlap the synchronous halo exchange with the aggregation of the "
+                        "edges whose sources are local (sum layers on the kernels; exact to "
+                        "rounding)")
     t.add_argument("--boundary-sampling", type=float, default=None, metavar="P",
                    help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
                         "each rank's halo nodes per epoch, scaled by 1/P (1 is exact)")
@@ -317,6 +321,7 @@ def _train(args) -> int:
                                      cache=None if args.cache == "none" else args.cache,
                                      pipeline=None if args.pipeline == "sync" else args.pipeline,
                                      boundary_sampling=args.boundary_sampling,
+                                     overlap=args.overlap,
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
         if args.adaptive_bits:
@@ -365,6 +370,7 @@ def _train(args) -> int:
         "cache": args.cache if args.strategy == "fullgraph" else None,
         "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
         "boundary_sampling": args.boundary_sampling if args.strategy == "fullgraph" else None,
+        "overlap": bool(args.overlap) if args.strategy == "fullgraph" else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),

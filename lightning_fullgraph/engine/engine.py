@@ -76,6 +76,12 @@ class FullGraphEngine:
             :mod:`lightning_fullgraph.engine.static`). Default on.
         ranks_per_host (int, optional): Processes per machine (ranks host-major, as Lightning
             numbers them): inter-host bytes are counted apart in :attr:`stats`.
+        overlap (bool): In synchronous exchanges of sum aggregations run by the kernels
+            (:meth:`use_kernels`), start the halo rows' transfer, aggregate the edges with
+            owned sources meanwhile, then the halo edges (no ``[owned; halo]`` copy either).
+            Exact to floating-point rounding (the sum runs in another order).  Exchanges
+            with a halo cache, the asynchronous pipeline or boundary sampling stay as they
+            are.  Default off.
     """
 
     def __init__(self, partition, group: Optional[Any] = None, codec: Any = None,
@@ -83,7 +89,8 @@ class FullGraphEngine:
                  loss_mask: str = "train_mask",
                  timeout: Optional[Any] = None,
                  aggregation: str = "hybrid", seed: int = 0,
-                 cache_static: bool = True, ranks_per_host: Optional[int] = None) -> None:
+                 cache_static: bool = True, ranks_per_host: Optional[int] = None,
+                 overlap: bool = False) -> None:
         if aggregation not in MODES:
             raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")
         self.partition = partition
@@ -102,7 +109,9 @@ class FullGraphEngine:
                                              seed)
                           for mode in dict.fromkeys(("post", aggregation))}
         self.exchange = self.exchanges["post"]
+        self.overlap = bool(overlap)
         for exchange in self.exchanges.values():
+            exchange.overlap = self.overlap
             levels = plan_levels(partition, exchange.plan)
             if levels is not None:
                 exchange.set_levels(*levels)

@@ -26,6 +26,7 @@ from .cache import (CacheState, HaloCache, mask_bytes, pack_mask, per_peer, sele
                     unpack_mask)
 from .codecs import Codec, WireContext
 from .pipeline import AsyncPipeline, PipeState
+from ..kernels.split import SplitRows, split_accepted
 from .context import current_layer
 from .policy import ExchangePolicy
 from .stats import CommStats
@@ -56,6 +57,9 @@ class HaloExchange:
         self.policy = ExchangePolicy.of(policy)
         self.seed = int(seed)
         self.step = 0  # advanced by the engine once per training step
+        # Overlap (synchronous mode): hand the kernels owned rows now and the halo rows
+        # when they arrive (extend), so the owned-source edges aggregate meanwhile.
+        self.overlap = False
         world = self.transport.world_size
         for name, channel in (("post", plan.post), ("pre", plan.pre)):
             if channel.send_counts.numel() != world or channel.recv_counts.numel() != world:
@@ -183,7 +187,28 @@ class HaloExchange:
                 f"dim {dim}, got {x.size(dim)}")
         if dim != 0:
             return _HaloRows.apply(x.movedim(dim, 0), self, key, training).movedim(0, dim)
+        if self.overlap and split_accepted():
+            split = self._extend_split(x, key, training)
+            if split is not None:
+                return split
         return _HaloRows.apply(x, self, key, training)
+
+    def _extend_split(self, x: Tensor, key: str, training: bool) -> Optional[SplitRows]:
+        r"""Starts the post channel's transfer and returns the owned rows with a function
+        that completes it (the overlap), or ``None`` where a policy needs the synchronous
+        path (halo cache, pipeline, boundary sampling).  Either way the same collectives
+        run with the same sizes, so ranks may decide differently."""
+        if self.post_empty or x.dim() != 2:
+            return None
+        if training and (self.policy.pipeline is not None or self._sampled() is not None
+                         or self.policy.cache(key, "forward") is not None
+                         or self.policy.cache(key, "backward") is not None):
+            return None
+        send = x.index_select(0, self.plan.post.send_index)
+        complete = self._transfer_async(send.detach(), self._post_send, self._post_recv, key,
+                                        "forward", self._post_levels("forward"))
+        return SplitRows(x, lambda: _HaloRecv.apply(send, self, key, training, complete),
+                         self.num_halo)
 
     @torch.compiler.disable
     def reduce(self, aggregated: Tensor, key: str = "x.pre") -> Tensor:
@@ -449,6 +474,24 @@ class _HaloRows(torch.autograd.Function):
             grad_halo = ex._send_sampled(grad_rows, ctx.sampled, ctx.key, "backward")
         grad_own.index_add_(0, ex.plan.post.send_index, grad_halo.to(grad_own.dtype))
         return grad_own, None, None, None
+
+
+class _HaloRecv(torch.autograd.Function):
+    r"""``[S, F]`` rows sent -> ``[N_halo, F]`` rows received, the transfer started before
+    (overlap); backward returns the halo gradients to the owners' send rows."""
+
+    @staticmethod
+    def forward(ctx, send: Tensor, ex: HaloExchange, key: str, training: bool,
+                complete) -> Tensor:
+        ctx.ex, ctx.key, ctx.training = ex, key, training
+        return complete().to(send.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_halo: Tensor):
+        ex: HaloExchange = ctx.ex
+        grad_send = ex._send(grad_halo.contiguous(), ex._post_recv, ex._post_send, ctx.key,
+                             "backward", ex._post_levels("backward"), ctx.training)
+        return grad_send.to(grad_halo.dtype), None, None, None, None
 
 
 class _PreRows(torch.autograd.Function):

@@ -17,7 +17,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["CSRGraph", "build_csr", "get_csr", "clear_cache", "cache_info"]
+__all__ = ["CSRGraph", "SplitCSR", "build_csr", "build_split_csr", "get_csr", "get_split_csr",
+           "clear_cache", "cache_info"]
 
 _CACHE_SIZE = 4
 _SAMPLES = 32
@@ -30,11 +31,11 @@ class CSRGraph:
     Attributes:
         rowptr: ``[N_dst + 1]`` int64 row offsets (rows = destination nodes).
         col: ``[E]`` source node of each CSR edge (int32 when it fits, else int64).
-        perm: ``[E]`` int64 original edge id of each CSR position, or ``None`` when the
+        perm: ``[E]`` original edge id of each CSR position (dtype of ``col``), or ``None`` when the
             input was already destination-sorted (identity).
         t_rowptr: ``[N_src + 1]`` int64 offsets of the transpose (rows = sources).
         t_col: ``[E]`` destination node of each transposed edge.
-        t_perm: ``[E]`` int64 CSR position of each transposed edge (to permute weights).
+        t_perm: ``[E]`` CSR position of each transposed edge (to permute weights; dtype of ``col``).
         num_src: ``N_src``.
         num_dst: ``N_dst``.
     """
@@ -120,18 +121,53 @@ def build_csr(edge_index: Tensor, num_src: int, num_dst: int, *, assume_sorted: 
     t_perm = _stable_argsort(col_sorted, num_src)
     t_col = dst.index_select(0, t_perm).to(idx_dtype)
     t_rowptr = _offsets(col_sorted, num_src)
+    # The permutations only feed index_select, which takes int32: half their memory.
+    if perm is not None:
+        perm = perm.to(idx_dtype)
     return CSRGraph(rowptr, col_sorted.to(idx_dtype).contiguous(), perm, t_rowptr,
-                    t_col.contiguous(), t_perm, int(num_src), int(num_dst))
+                    t_col.contiguous(), t_perm.to(idx_dtype), int(num_src), int(num_dst))
+
+
+@dataclass(frozen=True, eq=False)
+class SplitCSR:
+    """A graph's edges split by source: owned sources ``[0, N_own)`` and halo sources
+    (renumbered from 0), each as a :class:`CSRGraph` (see :mod:`.split`).
+
+    Attributes:
+        own: CSR of the edges with owned sources (``num_src = N_own``).
+        halo: CSR of the edges with halo sources (``num_src = N_halo``).
+        own_pos: ``[E_own]`` position in ``edge_index`` of every owned-source edge.
+        halo_pos: ``[E_halo]`` position of every halo-source edge.
+    """
+
+    own: CSRGraph
+    halo: CSRGraph
+    own_pos: Tensor
+    halo_pos: Tensor
+
+
+def build_split_csr(edge_index: Tensor, num_own: int, num_src: int, num_dst: int) -> SplitCSR:
+    """Build a :class:`SplitCSR` (no caching); sources ``>= num_own`` are halo rows."""
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    is_own = src < num_own
+    dtype = _index_dtype(max(num_src, num_dst), src.numel())
+    own_pos = is_own.nonzero().flatten()
+    halo_pos = (~is_own).nonzero().flatten()
+    own = build_csr(torch.stack([src[own_pos], dst[own_pos]]), num_own, num_dst)
+    halo = build_csr(torch.stack([src[halo_pos] - num_own, dst[halo_pos]]), num_src - num_own,
+                     num_dst)
+    return SplitCSR(own, halo, own_pos.to(dtype), halo_pos.to(dtype))
 
 
 class _Entry:
-    __slots__ = ("edge_index", "version", "fingerprint", "csr")
+    __slots__ = ("edge_index", "version", "fingerprint", "csr", "extra")
 
-    def __init__(self, edge_index: Tensor, fingerprint: Tuple, csr: CSRGraph):
+    def __init__(self, edge_index: Tensor, fingerprint: Tuple, csr, extra: Tuple):
         self.edge_index = edge_index  # strong ref: its storage cannot be reused meanwhile
         self.version = edge_index._version
         self.fingerprint = fingerprint
-        self.csr = csr
+        self.csr = csr  # a CSRGraph or a SplitCSR
+        self.extra = extra  # what besides the edges the structure depends on
 
 
 _cache: "OrderedDict[int, _Entry]" = OrderedDict()
@@ -139,12 +175,12 @@ _lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 
 
-def _fingerprint(ei: Tensor, num_src: int, num_dst: int) -> Tuple:
+def _fingerprint(ei: Tensor) -> Tuple:
     e = ei.size(1)
     if e == 0:
-        return (ei.device, 0, num_src, num_dst)
+        return (ei.device, 0)
     pos = torch.linspace(0, e - 1, steps=min(_SAMPLES, e), device=ei.device).long()
-    return (ei.device, e, num_src, num_dst, tuple(ei[:, pos].flatten().tolist()))
+    return (ei.device, e, tuple(ei[:, pos].flatten().tolist()))
 
 
 def _plain(edge_index: Tensor) -> Tensor:
@@ -167,30 +203,43 @@ def get_csr(edge_index: Tensor, num_src: int, num_dst: int) -> CSRGraph:
         The :class:`CSRGraph`; equal graphs share one instance.
     """
     assume_sorted = bool(getattr(edge_index, "is_sorted_by_col", False))
+    return _cached(edge_index, ("csr", int(num_src), int(num_dst)),
+                   lambda ei: build_csr(ei, num_src, num_dst, assume_sorted=assume_sorted))
+
+
+@torch.compiler.disable
+def get_split_csr(edge_index: Tensor, num_own: int, num_src: int, num_dst: int) -> SplitCSR:
+    """Cached :func:`build_split_csr` (same cache as :func:`get_csr`)."""
+    return _cached(edge_index, ("split", int(num_own), int(num_src), int(num_dst)),
+                   lambda ei: build_split_csr(ei, num_own, num_src, num_dst))
+
+
+def _cached(edge_index: Tensor, extra: Tuple, build):
     ei = _plain(edge_index)
     with _lock:
         for key, ent in _cache.items():  # identity fast path, O(cache size)
             old = ent.edge_index
             if (old.data_ptr() == ei.data_ptr() and old.shape == ei.shape and old.stride() == ei.stride()
                     and old.dtype == ei.dtype and old.device == ei.device and old._version == ent.version
-                    and ent.csr.num_src == num_src and ent.csr.num_dst == num_dst):
+                    and ent.extra == extra):
                 _cache.move_to_end(key)
                 _stats["hits"] += 1
                 return ent.csr
-    fp = _fingerprint(ei, num_src, num_dst)
+    fp = _fingerprint(ei)
     with _lock:
         for key, ent in _cache.items():
-            if ent.fingerprint == fp and ent.edge_index._version == ent.version and torch.equal(ent.edge_index, ei):
+            if ent.extra == extra and ent.fingerprint == fp and \
+                    ent.edge_index._version == ent.version and torch.equal(ent.edge_index, ei):
                 _cache.move_to_end(key)
                 _stats["hits"] += 1
                 return ent.csr
-    csr = build_csr(ei, num_src, num_dst, assume_sorted=assume_sorted)
+    built = build(ei)
     with _lock:
         _stats["misses"] += 1
-        _cache[id(csr)] = _Entry(ei, fp, csr)
+        _cache[id(built)] = _Entry(ei, fp, built, extra)
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
-    return csr
+    return built
 
 
 def clear_cache() -> None:

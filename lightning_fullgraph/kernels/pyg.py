@@ -28,6 +28,7 @@ from torch import Tensor
 from .. import compat
 from . import backend as _backend
 from .functional import aggregate
+from .split import SplitRows, accepting_split, aggregate_split
 
 __all__ = ["register_layer", "registered_layers", "accelerate", "AccelerationHandle", "is_accelerated"]
 
@@ -191,8 +192,18 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
             return original(edge_index, size=size, **kwargs)
         if spec.weight and spec.weight not in kwargs:
             kwargs = {**kwargs, spec.weight: None}  # hooks see every argument, as in PyG's template
+        reduce = _reduce_of(mod)
         if len(compat.hook_dicts(mod, "propagate_pre")) > 0:
-            edge_index, size, kwargs = _run_pre_hooks(mod, edge_index, size, kwargs)
+            # A sum over a split source (owned rows now, halo rows later) is ours to run.
+            edge_index, size, kwargs = _run_pre_hooks(mod, edge_index, size, kwargs,
+                                                      accept_split=reduce == "sum")
+        split = _split_source(kwargs.get(spec.x))
+        if split is not None:
+            out = _aggregate_split_call(mod, spec, split, edge_index, size, kwargs, be)
+            if out is not None:
+                return _finish(mod, out, edge_index, out_sizes=(split.num_rows, out.size(0)),
+                               kwargs=kwargs)
+            kwargs = _materialized(kwargs)
         # The pre-hooks may have changed the call; re-check without re-running them.
         if not _call_supported(mod, spec, edge_index, kwargs):
             return _original_without_pre_hooks(mod, original, edge_index, size, kwargs)
@@ -203,27 +214,71 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
         n_src, n_dst = sizes
         x_src = x[0] if isinstance(x, (tuple, list)) else x
         weight = kwargs.get(spec.weight) if spec.weight else None
-        out = aggregate(x_src, edge_index, weight, _reduce_of(mod), n_dst, num_src=n_src, backend=be)
-        out = mod.update(out)
-        for hook in compat.hook_dicts(mod, "propagate").values():
-            res = hook(mod, (edge_index, [n_src, n_dst], kwargs), out)
-            if res is not None:
-                out = res
-        return out
+        out = aggregate(x_src, edge_index, weight, reduce, n_dst, num_src=n_src, backend=be)
+        return _finish(mod, out, edge_index, (n_src, n_dst), kwargs)
 
     setattr(propagate, _WRAPPER_FLAG, True)
     propagate.__wrapped__ = original
     return propagate
 
 
+def _finish(mod, out: Tensor, edge_index, out_sizes: Tuple[int, int], kwargs: Dict[str, Any]):
+    # PyG's propagate after aggregation: update, then the propagate forward hooks.
+    n_src, n_dst = out_sizes
+    out = mod.update(out)
+    for hook in compat.hook_dicts(mod, "propagate").values():
+        res = hook(mod, (edge_index, [n_src, n_dst], kwargs), out)
+        if res is not None:
+            out = res
+    return out
+
+
+def _split_source(x: Any) -> Optional[SplitRows]:
+    src = x[0] if isinstance(x, (tuple, list)) and len(x) == 2 else x
+    return src if isinstance(src, SplitRows) else None
+
+
+@torch.compiler.disable
+def _materialized(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    # Sources a split could not serve, as the one tensor PyG's path expects.
+    out = {}
+    for k, v in kwargs.items():
+        if isinstance(v, SplitRows):
+            v = v.materialize()
+        elif isinstance(v, (tuple, list)) and any(isinstance(t, SplitRows) for t in v):
+            v = type(v)(t.materialize() if isinstance(t, SplitRows) else t for t in v)
+        out[k] = v
+    return out
+
+
+@torch.compiler.disable  # completes the halo exchange (eager collectives)
+def _aggregate_split_call(mod, spec: LayerSpec, split: SplitRows, edge_index, size,
+                          kwargs: Dict[str, Any], be: str) -> Optional[Tensor]:
+    r"""The layer's sum over a split source, or ``None`` when the call needs PyG's path."""
+    x = kwargs[spec.x]
+    probe = {**kwargs, spec.x: (split.local, x[1]) if isinstance(x, (tuple, list)) else split.local}
+    if _reduce_of(mod) != "sum" or size is None or not _call_supported(mod, spec, edge_index, probe):
+        return None
+    n_src, n_dst = int(size[0]), int(size[1])
+    if n_src != split.num_rows:
+        return None
+    weight = kwargs.get(spec.weight) if spec.weight else None
+    return aggregate_split(split, _plain_index(edge_index), weight, n_dst, backend=be)
+
+
+def _plain_index(edge_index):
+    return edge_index.as_tensor() if hasattr(edge_index, "as_tensor") else edge_index
+
+
 # Eager on purpose: pre-hooks may run collectives or read thread-local state (the
 # distributed engine does both), which torch.compile must not trace or skip.
 @torch.compiler.disable
-def _run_pre_hooks(mod, edge_index, size, kwargs):
-    for hook in compat.hook_dicts(mod, "propagate_pre").values():
-        res = hook(mod, (edge_index, size, kwargs))
-        if res is not None:
-            edge_index, size, kwargs = res
+def _run_pre_hooks(mod, edge_index, size, kwargs, accept_split: bool = False):
+    with accepting_split(accept_split):
+        for hook in compat.hook_dicts(mod, "propagate_pre").values():
+            res = hook(mod, (edge_index, size, kwargs))
+            if res is not None:
+                edge_index, size, kwargs = res
     return edge_index, size, kwargs
 
 

@@ -115,6 +115,9 @@ class FullGraphStrategy(DDPStrategy):
             epoch every rank keeps this fraction :math:`p` of its halo nodes, scaled by
             :math:`1/p` (unbiased for sum and mean aggregations); ``1`` is exact.  Default
             none.
+        overlap (bool): Overlap the synchronous halo exchange with the aggregation of the
+            edges whose sources are local (sum aggregations on the kernels; see
+            :class:`~lightning_fullgraph.engine.FullGraphEngine`).  Default off.
         aggregation (str): How cut edges of sum/mean layers with scalar edge messages
             (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
@@ -145,6 +148,7 @@ class FullGraphStrategy(DDPStrategy):
                  cache: Union[None, str, float, HaloCache] = None,
                  pipeline: Union[None, str, AsyncPipeline] = None,
                  boundary_sampling: Optional[float] = None,
+                 overlap: bool = False,
                  aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
@@ -172,6 +176,7 @@ class FullGraphStrategy(DDPStrategy):
         # Refuses what cannot be combined, here rather than at setup on every rank.
         ExchangePolicy(cache=self.cache, pipeline=self.pipeline, sampling=self.boundary_sampling)
         self.aggregation = aggregation
+        self.overlap = bool(overlap)
         self.num_threads = num_threads
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
@@ -314,7 +319,8 @@ class FullGraphStrategy(DDPStrategy):
                                       loss_mask=self.loss_mask,
                                       timeout=self.collective_timeout,
                                       aggregation=self.aggregation,
-                                      ranks_per_host=self.num_processes)
+                                      ranks_per_host=self.num_processes,
+                                      overlap=self.overlap)
         if not self.engine.policy.lossless:
             rank_zero_warn(f"FullGraphStrategy: halo rows cross the wire with a lossy codec "
                            f"or cache ({self.engine.policy.describe()}); training is not exact "
