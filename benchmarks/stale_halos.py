@@ -22,6 +22,8 @@ configurations:
                     (``--pipeline adaptive``: SYLVIE's adaptor)
 ``bns0.1``          boundary node sampling, p = 0.1 (``--boundary-sampling 0.1``)
 ``cache+int2``      the cache, int2 rows and hybrid aggregation together
+``overlap``         synchronous and exact, the halo transfer overlapped with the
+                    owned-source aggregation (``--overlap``)
 ==================  =============================================================
 
 Reported per configuration: test accuracy (mean ± std over seeds, difference to ``fp32`` in
@@ -54,6 +56,7 @@ CONFIGS: Dict[str, Tuple[str, ...]] = {
     "adaptor": ("--pipeline", "adaptive"),
     "bns0.1": ("--boundary-sampling", "0.1"),
     "cache+int2": ("--cache", "adaptive", "--codec", "int2"),
+    "overlap": ("--overlap",),
 }
 
 
