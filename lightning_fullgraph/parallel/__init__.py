@@ -1,10 +1,18 @@
 r"""ScaleGNN's 4-D parallelism (data parallel x a 3-D grid), piece by piece.
 
-* :mod:`.dims` -- :class:`FourDDims`, the validated sizes of the four axes and their groups.
+* :mod:`.dims` -- :class:`FourDDims`, the validated sizes of the four axes and their groups;
+  :mod:`.mesh` -- :class:`FourDMesh`, one rank's process groups.
 * :mod:`.sampling` -- :class:`UniformVertexSampler`, communication-free uniform vertex
   sampling with unbiased edge rescaling.
+* :mod:`.scalegnn` -- :class:`ScaleGNN`, the model on one process; :mod:`.grid3d` --
+  :class:`Grid3DScaleGNN`, the same model over a 3-D grid (:mod:`.pmm`: blocks, layouts and
+  the collectives), with data-parallel replicas.
 """
 from .dims import AXES, FourDDims
+from .grid3d import Grid3DScaleGNN
+from .mesh import FourDMesh
 from .sampling import SampledSubgraph, UniformVertexSampler, sample_seed
+from .scalegnn import ScaleGNN
 
-__all__ = ["AXES", "FourDDims", "SampledSubgraph", "UniformVertexSampler", "sample_seed"]
+__all__ = ["AXES", "FourDDims", "FourDMesh", "Grid3DScaleGNN", "SampledSubgraph", "ScaleGNN",
+           "UniformVertexSampler", "sample_seed"]

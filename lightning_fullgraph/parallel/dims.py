@@ -88,15 +88,20 @@ class FourDDims:
         strides = self._strides()
         return sum(int(coords.get(name, 0)) * strides[name] for name in AXES)
 
-    def group_ranks(self, name: str) -> List[List[int]]:
-        r"""The global ranks of every group along axis :obj:`name` (ranks that differ only in
-        that coordinate), each group ordered by that coordinate."""
-        if name not in AXES:
-            raise KeyError(f"no parallel axis {name!r}; known: {', '.join(AXES)}")
-        others = [a for a in AXES if a != name]
+    def group_ranks(self, *names: str) -> List[List[int]]:
+        r"""The global ranks of every group spanning the axes :obj:`names` (ranks that differ
+        only in those coordinates), each group in rank order; e.g. ``group_ranks("x")`` or,
+        for a replica's whole grid, ``group_ranks("x", "y", "z")``."""
+        if not names:
+            raise ValueError("name at least one axis")
+        for name in names:
+            if name not in AXES:
+                raise KeyError(f"no parallel axis {name!r}; known: {', '.join(AXES)}")
+        others = [a for a in AXES if a not in names]
         groups = []
         for fixed in product(*(range(getattr(self, a)) for a in others)):
             coords = dict(zip(others, fixed))
-            groups.append([self.rank_of(**coords, **{name: i})
-                           for i in range(getattr(self, name))])
+            members = [self.rank_of(**coords, **dict(zip(names, inner)))
+                       for inner in product(*(range(getattr(self, a)) for a in names))]
+            groups.append(sorted(members))
         return groups

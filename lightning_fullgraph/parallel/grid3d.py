@@ -1,0 +1,225 @@
+r""":class:`~.scalegnn.ScaleGNN` over a 3-D process grid (ScaleGNN §IV-C), with data-parallel
+replicas.
+
+Every process holds one block of every weight and of the features, and the adjacency blocks of
+the layouts it meets (at most three: the layouts rotate with period 3, :func:`~.pmm.layer_axes`).
+For layer :math:`l` with axes ``(R, C, T)``:
+
+.. code-block:: text
+
+    H   = Ã[T, R] @ X[R, C]                   (sum over R)   H in (T, C)
+    Xc  = H[T, C] @ W_l[C, R]                 (sum over C)   Xc in (T, R)
+    Xn  = Xc / rms(Xc) * gamma[R]             (squared norms summed over R)
+    X'  = dropout(relu(Xn)) + reshard(X)      (the residual moved from (R, C) to (T, R))
+
+The input projection is ``IN[x, z] @ W_in[z, y]`` (sum over z: features in ``(x, y)``), the
+head ``X[T_L, R_L] @ W_out[R_L, :]`` (sum over R_L: logits for the rows of ``T_L``).
+
+Parameter gradients are summed over the axis whose processes use the block for other rows (the
+third axis of a layer, ``x`` for ``W_in``), never over axes that repeat the same work, then
+averaged over the ``dp`` replicas (:meth:`Grid3DScaleGNN.reduce_gradients`).
+"""
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .mesh import FourDMesh
+from .pmm import _sum, all_reduce_sum, block, copy_to, layer_axes, reduce_from
+from .sampling import sample_seed
+from .scalegnn import ScaleGNN, aggregate_sum
+
+__all__ = ["Grid3DScaleGNN"]
+
+
+class _Reshard(torch.autograd.Function):
+    r"""A block of a replicated matrix, moved to another layout (one sum over the grid)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group, shape: Tuple[int, int], src: Tuple[slice, slice, bool],
+                dst: Tuple[slice, slice, bool]) -> Tensor:
+        ctx.group, ctx.shape, ctx.src, ctx.dst = group, shape, src, dst
+        return _move(x, group, shape, src, dst)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _move(grad, ctx.group, ctx.shape, ctx.dst, ctx.src), None, None, None, None
+
+
+def _move(x: Tensor, group, shape, src, dst) -> Tensor:
+    # Only one replica of a block (its third-axis coordinate 0) contributes to the sum.
+    full = x.new_zeros(shape)
+    rows, cols, owner = src
+    if owner:
+        full[rows, cols] = x
+    full = _sum(full, group)
+    rows, cols, _ = dst
+    return full[rows, cols].clone()
+
+
+class Grid3DScaleGNN(torch.nn.Module):
+    r"""The blocks of a :class:`~.scalegnn.ScaleGNN` this process holds, and its forward over
+    the grid.
+
+    Args:
+        model (ScaleGNN): The model to split (the same initial weights on every process,
+            e.g. built after the same ``torch.manual_seed``).  Only this process's blocks are
+            kept.
+        mesh (FourDMesh): This rank's groups.
+        seed (int): Seed of the dropout masks (replicas of a block draw the same mask).
+
+    Shapes:
+        - **input:** the mini-batch's node features :math:`(B, F_{in})`, edge indices
+          :math:`(2, E_S)`, edge weights :math:`(E_S)` -- every process of a replica gets
+          the same batch and keeps its blocks.
+        - **output:** logits of :meth:`output_rows` :math:`(|rows|, F_{out})`.
+    """
+
+    def __init__(self, model: ScaleGNN, mesh: FourDMesh, seed: int = 0) -> None:
+        super().__init__()
+        self.mesh, self.seed = mesh, int(seed)
+        self.num_layers, self.eps, self.dropout = model.num_layers, model.eps, model.dropout
+        self.in_channels, self.hidden = model.in_channels, model.hidden_channels
+        self.out_channels = model.out_channels
+        h, d = self.hidden, self.in_channels
+        self._sum_over: Dict[str, Tuple[str, ...]] = {}
+
+        def keep(name: str, value: Tensor, axes: Tuple[str, ...]) -> None:
+            self.register_parameter(name, torch.nn.Parameter(value.detach().clone()))
+            self._sum_over[name] = axes
+
+        keep("w_in", model.lin_in.weight.t()[self._cols(d, "z"), self._cols(h, "y")], ("x", ))
+        for layer in range(1, self.num_layers + 1):
+            r, c, t = layer_axes(layer)
+            weight = model.weights[layer - 1]
+            keep(f"w{layer}", weight[self._cols(h, c), self._cols(h, r)], (t, ))
+            keep(f"gamma{layer}", model.norms[layer - 1][self._cols(h, r)], (t, ))
+        r, _, t = layer_axes(self.num_layers)
+        # After the last layer the features are in (T_L, R_L).
+        keep("w_out", model.lin_out.weight.t()[self._cols(h, r), :], (t, ))
+        keep("b_out", model.lin_out.bias, (t, ))
+        self._adjacency: Dict[tuple, Tuple[Tensor, Optional[Tensor]]] = {}
+        self._batch_key: Optional[tuple] = None
+        self.step = 0
+
+    # -- blocks -----------------------------------------------------------------------------
+    def _index(self, axis: str) -> Tuple[int, int]:
+        return self.mesh.coordinate(axis), self.mesh.size(axis)
+
+    def _cols(self, n: int, axis: str) -> slice:
+        i, parts = self._index(axis)
+        return block(n, parts, i)
+
+    def output_rows(self, num_nodes: int) -> slice:
+        r"""The batch rows whose logits :meth:`forward` returns."""
+        _, _, t = layer_axes(self.num_layers)
+        return self._cols(num_nodes, t)
+
+    def _adjacency_block(self, edge_index: Tensor, edge_weight: Optional[Tensor], n: int,
+                         dst_axis: str, src_axis: str) -> Tuple[Tensor, Optional[Tensor], int]:
+        rows, cols = self._cols(n, dst_axis), self._cols(n, src_axis)
+        key = (dst_axis, src_axis)
+        if key not in self._adjacency:
+            src, dst = edge_index[0], edge_index[1]
+            keep = (dst >= rows.start) & (dst < rows.stop) & (src >= cols.start) & \
+                (src < cols.stop)
+            local = torch.stack([src[keep] - cols.start, dst[keep] - rows.start])
+            self._adjacency[key] = (local, edge_weight[keep] if edge_weight is not None
+                                    else None)
+        local, weight = self._adjacency[key]
+        return local, weight, rows.stop - rows.start
+
+    # -- forward ----------------------------------------------------------------------------
+    def forward(self, x: Tensor, edge_index: Tensor,
+                edge_weight: Optional[Tensor] = None) -> Tensor:
+        n, h = x.size(0), self.hidden
+        batch_key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), n)
+        if batch_key != self._batch_key:  # a new mini-batch: new adjacency blocks
+            self._adjacency.clear()
+            self._batch_key = batch_key
+        group = self.mesh.group
+        own = x[self._cols(n, "x"), self._cols(self.in_channels, "z")]
+        feats = reduce_from(own @ self.w_in, group("z"))  # (x, y), replicated along z
+        for layer in range(1, self.num_layers + 1):
+            r, c, t = layer_axes(layer)
+            adj, weight, n_dst = self._adjacency_block(edge_index, edge_weight, n, t, r)
+            agg = aggregate_sum(copy_to(feats, group(t)), adj, weight, n_dst)
+            agg = copy_to(reduce_from(agg, group(r)), group(r))  # (t, c)
+            xc = reduce_from(agg @ getattr(self, f"w{layer}"), group(c))  # (t, r)
+            squares = all_reduce_sum(xc.pow(2).sum(-1, keepdim=True), group(r))
+            xn = xc * torch.rsqrt(squares / h + self.eps) * getattr(self, f"gamma{layer}")
+            out = self._dropout(F.relu(xn), layer, t, r)
+            feats = out + self._reshard(feats, n, (r, c), (t, r))
+        r = layer_axes(self.num_layers)[0]  # the features are in (T_L, R_L) now
+        logits = reduce_from(feats @ self.w_out, group(r)) + self.b_out
+        if self.training:
+            self.step += 1
+        return logits
+
+    def _reshard(self, x: Tensor, n: int, src: Tuple[str, str], dst: Tuple[str, str]) -> Tensor:
+        src_third = next(a for a in ("x", "y", "z") if a not in src)
+        dst_third = next(a for a in ("x", "y", "z") if a not in dst)
+        src_blk = (self._cols(n, src[0]), self._cols(self.hidden, src[1]),
+                   self.mesh.coordinate(src_third) == 0)
+        dst_blk = (self._cols(n, dst[0]), self._cols(self.hidden, dst[1]),
+                   self.mesh.coordinate(dst_third) == 0)
+        return _Reshard.apply(x, self.mesh.group("grid"), (n, self.hidden), src_blk, dst_blk)
+
+    def _dropout(self, x: Tensor, layer: int, t: str, r: str) -> Tensor:
+        if not self.training or self.dropout == 0.0:
+            return x
+        # The replicas of a block (along the third axis) draw the same mask.
+        g = torch.Generator(device=x.device)
+        g.manual_seed(sample_seed(self.seed, self.mesh.coordinate("dp"),
+                                  ((self.step * 64 + layer) * 64 + self.mesh.coordinate(t)) * 64
+                                  + self.mesh.coordinate(r)))
+        keep = torch.rand(x.shape, generator=g, device=x.device) >= self.dropout
+        return x * keep / (1.0 - self.dropout)
+
+    # -- loss and gradients -----------------------------------------------------------------
+    def loss(self, logits: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        r"""This process's share of the batch's mean cross-entropy (the shares of the row
+        blocks add up to the mean over the batch's masked nodes)."""
+        rows = self.output_rows(y.numel())
+        target = y[rows]
+        total = y.numel() if mask is None else int(mask.sum())
+        if mask is not None:
+            logits, target = logits[mask[rows]], target[mask[rows]]
+        return F.cross_entropy(logits, target, reduction="sum") / max(total, 1)
+
+    def global_loss(self, loss: Tensor) -> Tensor:
+        r"""The batch's loss from this process's share (summed over the output rows' axis;
+        averaged over the replicas), without gradient."""
+        _, _, t = layer_axes(self.num_layers)
+        value = _sum(loss.detach().reshape(1), self.mesh.group(t))
+        return _sum(value, self.mesh.group("dp")) / self.mesh.size("dp")
+
+    def reduce_gradients(self) -> None:
+        r"""Sums every block's gradient over the axes whose processes computed other rows'
+        share of it, then averages over the data-parallel replicas (call after backward)."""
+        for name, axes in self._sum_over.items():
+            p = getattr(self, name)
+            if p.grad is None:
+                continue
+            grad = p.grad
+            for axis in axes:
+                grad = _sum(grad, self.mesh.group(axis))
+            grad = _sum(grad, self.mesh.group("dp")) / self.mesh.size("dp")
+            p.grad.copy_(grad)
+
+    def blocks(self) -> List[Tuple[str, Tensor, tuple]]:
+        r"""``(name, block, index into the full parameter)`` of every block held (to compare
+        or gather); the full parameter is the :class:`ScaleGNN` one in ``(in, out)`` order for
+        the linear maps (``lin_in.weight.t()``, ``lin_out.weight.t()``)."""
+        h, d = self.hidden, self.in_channels
+        out = [("w_in", self.w_in, (self._cols(d, "z"), self._cols(h, "y")))]
+        for layer in range(1, self.num_layers + 1):
+            r, c, _ = layer_axes(layer)
+            out.append((f"w{layer}", getattr(self, f"w{layer}"),
+                        (self._cols(h, c), self._cols(h, r))))
+            out.append((f"gamma{layer}", getattr(self, f"gamma{layer}"), (self._cols(h, r), )))
+        r = layer_axes(self.num_layers)[0]
+        out.append(("w_out", self.w_out, (self._cols(h, r), slice(None))))
+        out.append(("b_out", self.b_out, (slice(None), )))
+        return out

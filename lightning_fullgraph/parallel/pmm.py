@@ -1,0 +1,110 @@
+r"""3-D parallel matrix products (ScaleGNN §IV-C): blocks, layouts and the collectives.
+
+A matrix in *layout* ``(R, C)`` has its rows split over grid axis ``R`` and its columns over
+axis ``C``, and is replicated along the third axis ``T``.  A GCN layer maps features in
+layout ``(R, C)`` to layout ``(T, R)``:
+
+.. code-block:: text
+
+    H   = Ã[rows_T, cols_R] @ F[rows_R, cols_C]      all-reduce over R  ->  H   in (T, C)
+    out = H[rows_T, cols_C] @ W[rows_C, cols_R]      all-reduce over C  ->  out in (T, R)
+
+so the layouts rotate ``(x, y) -> (z, x) -> (y, z) -> (x, y)`` with period 3 and no
+re-shuffle between layers (:func:`layer_axes`).  Each process stores one block of each
+operand; the adjacency ``Ã`` is split by destination rows over ``T`` and source columns over
+``R``.
+
+Gradients follow from two conjugate operations (as in Megatron-LM's tensor parallelism):
+:func:`reduce_from` sums partial products in the forward and passes the gradient through;
+:func:`copy_to` passes the forward through and sums, in the backward, the gradients of the
+replicas that used a tensor for *different* outputs.  :func:`all_reduce_sum` does both (a
+sum every replica then uses differently, e.g. RMSNorm's squared norms).  Tensors replicated
+along an axis whose processes do the *same* work get identical gradients and are not summed.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = ["block", "layer_axes", "copy_to", "reduce_from", "all_reduce_sum", "GRID_AXES"]
+
+GRID_AXES = ("x", "y", "z")
+
+
+def block(n: int, parts: int, index: int) -> slice:
+    r"""The :obj:`index`-th of :obj:`parts` contiguous, balanced blocks of ``range(n)``."""
+    if not 0 <= index < parts:
+        raise ValueError(f"block {index} of {parts}")
+    return slice(index * n // parts, (index + 1) * n // parts)
+
+
+def layer_axes(layer: int) -> Tuple[str, str, str]:
+    r"""``(R, C, T)`` of GCN layer :obj:`layer` (1-based): its input is in layout ``(R, C)``,
+    its output in ``(T, R)``.  Layer 1 takes the input projection's ``(x, y)``."""
+    r, c, t = GRID_AXES
+    for _ in range((layer - 1) % 3):
+        r, c, t = t, r, c
+    return r, c, t
+
+
+def _active(group: Optional[object]) -> bool:
+    return group is not None and dist.is_available() and dist.is_initialized() and \
+        dist.get_world_size(group) > 1
+
+
+def _sum(t: Tensor, group: Optional[object]) -> Tensor:
+    if not _active(group):
+        return t
+    t = t.contiguous().clone()
+    dist.all_reduce(t, group=group)
+    return t
+
+
+class _CopyTo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group) -> Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _sum(grad, ctx.group), None
+
+
+class _ReduceFrom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group) -> Tensor:
+        return _sum(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, None
+
+
+class _AllReduceSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group) -> Tensor:
+        ctx.group = group
+        return _sum(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _sum(grad, ctx.group), None
+
+
+def copy_to(x: Tensor, group: Optional[object]) -> Tensor:
+    r"""Identity forward; backward sums the gradient over :obj:`group` (the replicas of
+    :obj:`x` along the group's axis use it for different outputs)."""
+    return _CopyTo.apply(x, group)
+
+
+def reduce_from(x: Tensor, group: Optional[object]) -> Tensor:
+    r"""Sums partial products over :obj:`group`; the gradient passes through unchanged."""
+    return _ReduceFrom.apply(x, group)
+
+
+def all_reduce_sum(x: Tensor, group: Optional[object]) -> Tensor:
+    r"""Sums over :obj:`group` forward and backward (a sum every member then uses for its own
+    part of the work)."""
+    return _AllReduceSum.apply(x, group)

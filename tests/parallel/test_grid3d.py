@@ -1,0 +1,102 @@
+"""The 3-D parallel ScaleGNN equals the single-process model: on a fixed mini-batch, logits and
+every parameter block's gradient for grids (2,1,1), (1,2,1), (1,1,2), (2,2,1), (2,2,2) (gloo,
+up to 8 processes), three layers (one full rotation of the layouts); dp=2 gives the average of
+the two replicas' gradients; the layout rotation has period 3."""
+import pytest
+import torch
+
+from lightning_fullgraph.parallel import FourDDims, UniformVertexSampler
+from lightning_fullgraph.parallel.grid3d import Grid3DScaleGNN
+from lightning_fullgraph.parallel.mesh import FourDMesh
+from lightning_fullgraph.parallel.pmm import block, layer_axes
+from lightning_fullgraph.parallel.scalegnn import ScaleGNN
+from lightning_fullgraph.testing import run_distributed
+
+N, B, D_IN, HIDDEN, CLASSES, LAYERS = 40, 24, 6, 8, 3, 3
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, N, (2, 160), generator=g)
+    ei = ei[:, ei[0] != ei[1]]
+    ei = torch.cat([ei, ei.flip(0)], dim=1)
+    x = torch.randn(N, D_IN, generator=g)
+    y = torch.randint(0, CLASSES, (N, ), generator=g)
+    mask = torch.rand(N, generator=g) < 0.7
+    return ei, x, y, mask
+
+
+def _batch(replica):
+    ei, x, y, mask = _data()
+    b = UniformVertexSampler(ei, N, B, seed=3).sample(step=0, replica=replica)
+    return x[b.nodes], b.edge_index, b.edge_weight, y[b.nodes], mask[b.nodes]
+
+
+def _reference(replica):
+    torch.manual_seed(0)
+    model = ScaleGNN(D_IN, HIDDEN, LAYERS, CLASSES)
+    x, ei, w, y, mask = _batch(replica)
+    logits = model(x, ei, w)
+    loss = torch.nn.functional.cross_entropy(logits[mask], y[mask])
+    loss.backward()
+    return model, logits.detach(), float(loss.detach())
+
+
+def _full_grad(model, name):
+    if name == "w_in":
+        return model.lin_in.weight.grad.t()
+    if name == "w_out":
+        return model.lin_out.weight.grad.t()
+    if name == "b_out":
+        return model.lin_out.bias.grad
+    kind, layer = (name[:1], int(name[1:])) if name[0] == "w" else ("g", int(name[5:]))
+    return (model.weights if kind == "w" else model.norms)[layer - 1].grad
+
+
+def _run(rank, world_size, dp, grid):
+    dims = FourDDims.of(dp, grid)
+    mesh = FourDMesh.create(dims)
+    replica = mesh.coordinate("dp")
+    torch.manual_seed(0)
+    model = Grid3DScaleGNN(ScaleGNN(D_IN, HIDDEN, LAYERS, CLASSES), mesh)
+    x, ei, w, y, mask = _batch(replica)
+    logits = model(x, ei, w)
+    loss = model.loss(logits, y, mask)
+    loss.backward()
+    model.reduce_gradients()
+    refs = [_reference(r) for r in range(dp)]
+    own_ref, own_logits, _ = refs[replica]
+    rows = model.output_rows(B)
+
+    def rel(a, b):
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+    errors = {"logits": rel(logits.detach(), own_logits[rows])}
+    for name, param, index in model.blocks():
+        want = sum(_full_grad(m, name) for m, _, _ in refs) / dp
+        errors[name] = rel(param.grad, want[index])
+    errors["loss"] = abs(float(model.global_loss(loss)) - sum(r[2] for r in refs) / dp)
+    return errors
+
+
+@pytest.mark.parametrize("dp, grid", [(1, (2, 1, 1)), (1, (1, 2, 1)), (1, (1, 1, 2)),
+                                      (1, (2, 2, 1)), (1, (2, 2, 2)), (2, (2, 1, 1))])
+def test_grid_equals_single_process(dp, grid):
+    world = dp * grid[0] * grid[1] * grid[2]
+    for errors in run_distributed(_run, world, dp, grid, timeout_s=240):
+        assert max(errors.values()) <= 1e-5, errors
+
+
+def test_one_process_is_the_model():
+    errors = _run(0, 1, 1, (1, 1, 1))
+    assert max(errors.values()) <= 1e-6, errors
+
+
+def test_layouts_rotate_with_period_three():
+    assert [layer_axes(layer) for layer in (1, 2, 3, 4)] == [
+        ("x", "y", "z"), ("z", "x", "y"), ("y", "z", "x"), ("x", "y", "z")]
+    # Each layer's output layout (T, R) is the next layer's input layout (R, C).
+    for layer in range(1, 6):
+        r, c, t = layer_axes(layer)
+        assert layer_axes(layer + 1)[:2] == (t, r)
+    assert [block(10, 3, i) for i in range(3)] == [slice(0, 3), slice(3, 6), slice(6, 10)]
