@@ -22,6 +22,7 @@ averaged over the ``dp`` replicas (:meth:`Grid3DScaleGNN.reduce_gradients`).
 from typing import Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -58,6 +59,28 @@ def _move(x: Tensor, group, shape, src, dst) -> Tensor:
     return full[rows, cols].clone()
 
 
+class _GatherRows(torch.autograd.Function):
+    r"""All row blocks of the logits on every process; backward keeps this block's rows (the
+    loss on the gathered logits is the same computation on every process)."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, group, sizes: List[int], index: int) -> Tensor:
+        ctx.sizes, ctx.index = sizes, index
+        if len(sizes) == 1:
+            return rows.clone()
+        longest = max(sizes)
+        padded = rows.new_zeros((longest, ) + tuple(rows.shape[1:]))
+        padded[:rows.size(0)] = rows
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded.contiguous(), group=group)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        start = sum(ctx.sizes[:ctx.index])
+        return grad[start:start + ctx.sizes[ctx.index]].contiguous(), None, None, None
+
+
 class Grid3DScaleGNN(torch.nn.Module):
     r"""The blocks of a :class:`~.scalegnn.ScaleGNN` this process holds, and its forward over
     the grid.
@@ -68,17 +91,22 @@ class Grid3DScaleGNN(torch.nn.Module):
             kept.
         mesh (FourDMesh): This rank's groups.
         seed (int): Seed of the dropout masks (replicas of a block draw the same mask).
+        gather_output (bool): Return the logits of every row of the batch (gathered over the
+            output rows' axis), so that an unmodified loss over ``out[mask]`` works;
+            otherwise only :meth:`output_rows` (use :meth:`loss` then).
 
     Shapes:
         - **input:** the mini-batch's node features :math:`(B, F_{in})`, edge indices
           :math:`(2, E_S)`, edge weights :math:`(E_S)` -- every process of a replica gets
           the same batch and keeps its blocks.
-        - **output:** logits of :meth:`output_rows` :math:`(|rows|, F_{out})`.
+        - **output:** logits :math:`(B, F_{out})`, or of :meth:`output_rows` without
+          :obj:`gather_output`.
     """
 
-    def __init__(self, model: ScaleGNN, mesh: FourDMesh, seed: int = 0) -> None:
+    def __init__(self, model: ScaleGNN, mesh: FourDMesh, seed: int = 0,
+                 gather_output: bool = False) -> None:
         super().__init__()
-        self.mesh, self.seed = mesh, int(seed)
+        self.mesh, self.seed, self.gather_output = mesh, int(seed), bool(gather_output)
         self.num_layers, self.eps, self.dropout = model.num_layers, model.eps, model.dropout
         self.in_channels, self.hidden = model.in_channels, model.hidden_channels
         self.out_channels = model.out_channels
@@ -155,6 +183,11 @@ class Grid3DScaleGNN(torch.nn.Module):
         logits = reduce_from(feats @ self.w_out, group(r)) + self.b_out
         if self.training:
             self.step += 1
+        if self.gather_output:
+            t = layer_axes(self.num_layers)[2]
+            parts = self.mesh.size(t)
+            sizes = [block(n, parts, i).stop - block(n, parts, i).start for i in range(parts)]
+            logits = _GatherRows.apply(logits, group(t), sizes, self.mesh.coordinate(t))
         return logits
 
     def _reshard(self, x: Tensor, n: int, src: Tuple[str, str], dst: Tuple[str, str]) -> Tensor:
@@ -207,6 +240,54 @@ class Grid3DScaleGNN(torch.nn.Module):
                 grad = _sum(grad, self.mesh.group(axis))
             grad = _sum(grad, self.mesh.group("dp")) / self.mesh.size("dp")
             p.grad.copy_(grad)
+
+    def full_state_dict(self) -> Dict[str, Tensor]:
+        r"""The :class:`ScaleGNN` ``state_dict`` assembled from every process's blocks (a
+        collective over the replica's grid: every process of it must call it)."""
+        full = {"w_in": (self.in_channels, self.hidden),
+                "w_out": (self.hidden, self.out_channels), "b_out": (self.out_channels, )}
+        for layer in range(1, self.num_layers + 1):
+            full[f"w{layer}"] = (self.hidden, self.hidden)
+            full[f"gamma{layer}"] = (self.hidden, )
+        out: Dict[str, Tensor] = {}
+        for name, param, index in self.blocks():
+            value = param.detach().new_zeros(full[name])
+            # One copy of each block: the process at coordinate 0 of its replicated axes.
+            if all(self.mesh.coordinate(a) == 0 for a in self._replicated(name)):
+                value[index] = param.detach()
+            out[name] = _sum(value, self.mesh.group("grid"))
+        state = {"lin_in.weight": out["w_in"].t().contiguous(),
+                 "lin_out.weight": out["w_out"].t().contiguous(), "lin_out.bias": out["b_out"]}
+        for layer in range(1, self.num_layers + 1):
+            state[f"weights.{layer - 1}"] = out[f"w{layer}"]
+            state[f"norms.{layer - 1}"] = out[f"gamma{layer}"]
+        return state
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: Dict[str, Tensor]) -> None:
+        r"""Copies this process's blocks out of a :class:`ScaleGNN` ``state_dict`` into the
+        existing parameters (an optimizer holding them stays valid); no communication."""
+        full = {"w_in": state["lin_in.weight"].t(), "w_out": state["lin_out.weight"].t(),
+                "b_out": state["lin_out.bias"]}
+        for layer in range(1, self.num_layers + 1):
+            full[f"w{layer}"] = state[f"weights.{layer - 1}"]
+            full[f"gamma{layer}"] = state[f"norms.{layer - 1}"]
+        for name, param, index in self.blocks():
+            value = full[name][index]
+            if value.shape != param.shape:
+                raise ValueError(f"ScaleGNN state: '{name}' block {tuple(value.shape)} does not "
+                                 f"match {tuple(param.shape)} (another model size?)")
+            param.copy_(value)
+
+    def _replicated(self, name: str) -> Tuple[str, ...]:
+        # Grid axes along which a block is held more than once.
+        split = {"w_in": ("z", "y"), "w_out": (layer_axes(self.num_layers)[0], ),
+                 "b_out": ()}
+        if name not in split:
+            layer = int(name.lstrip("wgamma"))
+            r, c, _ = layer_axes(layer)
+            split[name] = (c, r) if name.startswith("w") else (r, )
+        return tuple(a for a in ("x", "y", "z") if a not in split[name])
 
     def blocks(self) -> List[Tuple[str, Tensor, tuple]]:
         r"""``(name, block, index into the full parameter)`` of every block held (to compare

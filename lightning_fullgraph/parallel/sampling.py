@@ -118,6 +118,13 @@ class UniformVertexSampler:
         self.rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
         torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0, out=self.rowptr[1:])
 
+    def full(self) -> SampledSubgraph:
+        r"""The whole graph with the normalized weights, unscaled (evaluation)."""
+        counts = self.rowptr[1:] - self.rowptr[:-1]
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes), counts)
+        return SampledSubgraph(torch.arange(self.num_nodes), torch.stack([self.col, dst]),
+                               self.weight, 1.0, -1, -1)
+
     def nodes(self, step: int, replica: int = 0) -> Tensor:
         r"""The sorted sample of :obj:`step` for data-parallel :obj:`replica`."""
         g = torch.Generator().manual_seed(sample_seed(self.seed, replica, step))

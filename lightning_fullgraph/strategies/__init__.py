@@ -1,4 +1,6 @@
-r"""Lightning strategies. Importing this package registers ``strategy="fullgraph"``."""
+r"""Lightning strategies. Importing this package registers ``strategy="fullgraph"`` and
+``strategy="4d"``."""
+from .fourd import FourDStrategy
 from .fullgraph import FullGraphStrategy
 
-__all__ = ["FullGraphStrategy"]
+__all__ = ["FourDStrategy", "FullGraphStrategy"]

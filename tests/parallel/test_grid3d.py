@@ -76,6 +76,14 @@ def _run(rank, world_size, dp, grid):
         want = sum(_full_grad(m, name) for m, _, _ in refs) / dp
         errors[name] = rel(param.grad, want[index])
     errors["loss"] = abs(float(model.global_loss(loss)) - sum(r[2] for r in refs) / dp)
+    # Gathered logits (every row, for an unmodified loss) and the reassembled full weights.
+    torch.manual_seed(0)
+    initial = ScaleGNN(D_IN, HIDDEN, LAYERS, CLASSES)
+    gathered = Grid3DScaleGNN(initial, mesh, gather_output=True)
+    errors["gathered"] = rel(gathered(x, ei, w).detach(), own_logits)
+    full = gathered.full_state_dict()
+    assert set(full) == set(initial.state_dict())
+    errors["state"] = max(rel(full[k], v) for k, v in initial.state_dict().items())
     return errors
 
 
