@@ -79,12 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
                                    "node classification with FullGraphStrategy and report "
                                    "accuracy and communication.")
     t.add_argument("--dataset", default="cora", help="dataset name, spec or partition dir")
-    t.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gin"])
+    t.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gin", "scalegnn"],
+                   help="PyG BasicGNN model, or 'scalegnn' (ScaleGNN's residual GCN with "
+                        "RMSNorm; split over --grid with --strategy 4d)")
     t.add_argument("--devices", type=int, default=4, help="processes (default: 4)")
     t.add_argument("--num-nodes", type=int, default=1, help="machines (multi-node)")
-    t.add_argument("--strategy", default="fullgraph", choices=["fullgraph", "pyg"],
-                   help="'fullgraph' (partitioned) or 'pyg' (PyG's LightningNodeData on "
-                        "one process, for comparison)")
+    t.add_argument("--strategy", default="fullgraph", choices=["fullgraph", "pyg", "4d"],
+                   help="'fullgraph' (partitioned), 'pyg' (PyG's LightningNodeData on "
+                        "one process, for comparison) or '4d' (ScaleGNN: sampled mini-batches, "
+                        "--dp replicas x a --grid of processes)")
+    t.add_argument("--dp", type=int, default=None,
+                   help="4d: data-parallel replicas (default: devices x nodes / grid size)")
+    t.add_argument("--grid", default="1,1,1", metavar="X,Y,Z",
+                   help="4d: processes per replica along x, y, z (default 1,1,1: data "
+                        "parallel only)")
+    t.add_argument("--batch-size", type=int, default=None,
+                   help="4d: vertices sampled per step (default: a quarter of the graph)")
+    t.add_argument("--steps-per-epoch", type=int, default=None,
+                   help="4d: steps per epoch (default: nodes / batch size, rounded up)")
     t.add_argument("--epochs", type=int, default=200)
     t.add_argument("--hidden", type=int, default=16, help="hidden channels")
     t.add_argument("--layers", type=int, default=2, help="message-passing layers")
@@ -299,8 +311,21 @@ def _train(args) -> int:
         raise ValueError(f"--level-percentiles sets the per-node widths of --codec adaptive; "
                          f"it needs --strategy fullgraph and --codec adaptive or adaptive2 "
                          f"(got --strategy {args.strategy} --codec {args.codec})")
+    if args.model == "scalegnn" and args.strategy != "4d":
+        raise ValueError("--model scalegnn trains on sampled mini-batches: use --strategy 4d")
     pl.seed_everything(args.seed, verbose=False)
-    if args.strategy == "pyg":
+    if args.strategy == "4d":
+        from .data.sampled import SampledNodeDataModule
+        from .strategies import FourDStrategy
+        data = _load(args)
+        grid = tuple(int(v) for v in args.grid.split(","))
+        batch_size = args.batch_size or max(2, int(data.num_nodes) // 4)
+        datamodule = SampledNodeDataModule(data, batch_size, args.steps_per_epoch,
+                                           seed=args.seed)
+        num_features, num_classes = data.num_features, int(data.y.max()) + 1
+        strategy = FourDStrategy(dp=args.dp, grid=grid, seed=args.seed, timeout=args.timeout)
+        devices, callbacks = args.devices, [CommunicationMonitor()]
+    elif args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
         data = _load(args)
         datamodule = LightningNodeData(data, loader="full")
@@ -336,13 +361,21 @@ def _train(args) -> int:
         num_features = num_classes = None  # sized from the partitions in configure_model
 
     def model(in_channels: int, out_channels: int):
+        if args.model == "scalegnn":
+            from .parallel import ScaleGNN
+            return ScaleGNN(in_channels, args.hidden, args.layers, out_channels, args.dropout)
+        if args.strategy == "4d" and args.model == "gcn":
+            # The sampled batches carry normalized, rescaled weights: no second gcn_norm.
+            from torch_geometric.nn.models import GCN
+            return GCN(in_channels, args.hidden, args.layers, out_channels,
+                       dropout=args.dropout, norm=args.norm, normalize=False)
         return build_model(args.model, in_channels, args.hidden, out_channels,
                            num_layers=args.layers, dropout=args.dropout, norm=args.norm)
 
     if num_features is not None:
         model = model(num_features, num_classes)
     module = NodeClassifier(model, num_classes, lr=args.lr, weight_decay=args.weight_decay,
-                            input_dropout=args.dropout)
+                            input_dropout=args.dropout, use_edge_weight=args.strategy == "4d")
     trainer = pl.Trainer(accelerator=args.accelerator, devices=devices,
                          num_nodes=args.num_nodes, strategy=strategy,
                          max_epochs=args.epochs, logger=False, enable_checkpointing=False,
@@ -361,6 +394,7 @@ def _train(args) -> int:
     test = trainer.test(module, datamodule=datamodule, verbose=False)
     nodes = datamodule.partition.num_nodes if args.strategy == "fullgraph" \
         else int(datamodule.data.num_nodes)
+    fourd = args.strategy == "4d"
     summary = {
         "dataset": args.dataset, "nodes": nodes, "model": args.model, "strategy": args.strategy,
         "processes": trainer.world_size, "epochs": args.epochs, "seed": args.seed,
@@ -371,6 +405,9 @@ def _train(args) -> int:
         "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
         "boundary_sampling": args.boundary_sampling if args.strategy == "fullgraph" else None,
         "overlap": bool(args.overlap) if args.strategy == "fullgraph" else None,
+        "dp": strategy.dims.dp if fourd else None,
+        "grid": list(strategy.grid) if fourd else None,
+        "batch_size": datamodule.sampler.batch_size if fourd else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),

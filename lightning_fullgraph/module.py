@@ -53,11 +53,15 @@ class NodeClassifier(pl.LightningModule):
         lr (float): Adam learning rate.
         weight_decay (float): Adam weight decay.
         input_dropout (float): Dropout on the input features (Kipf & Welling).
+        use_edge_weight (bool): Pass the batch's ``edge_weight`` to the model (the sampled
+            mini-batches of :class:`~lightning_fullgraph.data.sampled.SampledNodeDataModule`
+            carry normalized, rescaled weights).
     """
 
     def __init__(self, model: Union[torch.nn.Module, Callable[[int, int], torch.nn.Module]],
                  num_classes: Optional[int] = None, lr: float = 0.01,
-                 weight_decay: float = 5e-4, input_dropout: float = 0.5) -> None:
+                 weight_decay: float = 5e-4, input_dropout: float = 0.5,
+                 use_edge_weight: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["model"])
         self._factory = None
@@ -80,12 +84,18 @@ class NodeClassifier(pl.LightningModule):
         num_classes = self.hparams.num_classes or datamodule.num_classes
         self._build(self._factory(datamodule.num_features, num_classes), num_classes)
 
-    def forward(self, x, edge_index):
+    def forward(self, x, edge_index, edge_weight=None):
         x = F.dropout(x, self.hparams.input_dropout, self.training)
-        return self.model(x, edge_index)
+        if edge_weight is None:
+            return self.model(x, edge_index)
+        return self.model(x, edge_index, edge_weight=edge_weight)
+
+    def _weight(self, batch):
+        return getattr(batch, "edge_weight", None) if self.hparams.get("use_edge_weight") \
+            else None
 
     def training_step(self, batch, _):
-        out = self(batch.x, batch.edge_index)
+        out = self(batch.x, batch.edge_index, self._weight(batch))
         loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
         self.train_acc(out[batch.train_mask].argmax(-1), batch.y[batch.train_mask])
         self.log("train_loss", loss, prog_bar=True, batch_size=1)
@@ -94,7 +104,7 @@ class NodeClassifier(pl.LightningModule):
 
     def _evaluate(self, batch, mask_name: str, metric, name: str) -> None:
         mask = batch[mask_name]
-        out = self(batch.x, batch.edge_index)
+        out = self(batch.x, batch.edge_index, self._weight(batch))
         metric(out[mask].argmax(-1), batch.y[mask])
         self.log(name, metric, prog_bar=True, batch_size=1)
 
@@ -105,7 +115,7 @@ class NodeClassifier(pl.LightningModule):
         self._evaluate(batch, "test_mask", self.test_acc, "test_acc")
 
     def predict_step(self, batch, _):
-        return self(batch.x, batch.edge_index).argmax(-1)
+        return self(batch.x, batch.edge_index, self._weight(batch)).argmax(-1)
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr,

@@ -132,3 +132,22 @@ def test_partition_out_never_deletes_a_users_directory(tmp_path, capsys):
         assert main(["partition", "--dataset", "cora", "--parts", str(n), "--cache-dir",
                      str(tmp_path / "cache"), "--out", str(parts)]) == 0
     assert sorted(p.name for p in parts.iterdir())[:2] == ["manifest.json", "part-0-of-3.pt"]
+
+
+@pytest.mark.multiprocess
+def test_train_4d_json(tmp_path):
+    # ScaleGNN split over a (2, 1, 1) grid: accuracy and the grid's bytes are reported.
+    proc = _cli(tmp_path, "train", "--strategy", "4d", "--model", "scalegnn", "--devices", "2",
+                "--grid", "2,1,1", "--epochs", "10", "--hidden", "32", "--layers", "3",
+                "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout)
+    assert summary["strategy"] == "4d" and summary["grid"] == [2, 1, 1] and summary["dp"] == 1
+    assert summary["batch_size"] == 2708 // 4
+    assert summary["test_acc"] > 0.5
+    assert summary["comm_MB_per_epoch_per_rank"] > 0
+
+
+def test_scalegnn_needs_the_4d_strategy(capsys):
+    assert main(["train", "--devices", "1", "--model", "scalegnn"]) == 2
+    assert "--strategy 4d" in capsys.readouterr().err

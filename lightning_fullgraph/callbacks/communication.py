@@ -91,10 +91,18 @@ class CommunicationMonitor(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics({k: float(v) for k, v in summary.items()}, step=0)
 
+    @staticmethod
+    def _grid(trainer: "pl.Trainer") -> bool:
+        # FourDStrategy: no halo engine; the grid's all-reduces are counted by parallel.pmm.
+        return getattr(trainer.strategy, "strategy_name", None) == "4d"
+
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         engine = self._engine(trainer)
         if engine is not None:
             engine.stats.reset()
+        elif self._grid(trainer):
+            from ..parallel import pmm
+            pmm.reset_bytes()
         self._step_seconds = 0.0
         if self.predictor is not None:
             self.predictor.epoch_start()
@@ -129,6 +137,24 @@ class CommunicationMonitor(Callback):
         if self.predictor is not None:
             self.predictor.close()
 
+    def _grid_epoch_end(self, pl_module) -> None:
+        from ..parallel import pmm
+        values = torch.tensor([pmm.bytes_sent() / 1e6, self._step_seconds], dtype=torch.float64)
+        peak = values.clone()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(values)
+            values /= dist.get_world_size()
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        metrics = {"comm/sent_MB": values[0].item(), "comm/step_s": values[1].item(),
+                   "comm/sent_MB_max": peak[0].item()}
+        self.last = metrics
+        self.history.append({"comm/sent_MB": pmm.bytes_sent() / 1e6,
+                             "comm/step_s": self._step_seconds})
+        self._reduced.append(dict(metrics))
+        for name, value in metrics.items():
+            pl_module.log(name, value, prog_bar=self.prog_bar and name == "comm/sent_MB",
+                          on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False)
+
     def run_mean(self) -> Dict[str, float]:
         r"""Each figure of :attr:`last` averaged over all training epochs so far (the same
         on every rank); empty before the first epoch ends."""
@@ -139,6 +165,8 @@ class CommunicationMonitor(Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         engine = self._engine(trainer)
         if engine is None:
+            if self._grid(trainer):
+                self._grid_epoch_end(pl_module)
             return
         stats = engine.stats
         total = stats.total()

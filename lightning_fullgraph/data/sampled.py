@@ -80,8 +80,8 @@ class SampledNodeDataModule(pl.LightningDataModule):
         return self._full()
 
     def _full(self) -> DataLoader:
-        return DataLoader([self.batch(self.sampler.full())], batch_size=None,
-                          collate_fn=lambda b: b)
+        # Iterable: every process evaluates the one whole-graph batch (no DistributedSampler).
+        return DataLoader(_Once(self.batch(self.sampler.full())), batch_size=None)
 
     def state_dict(self) -> Dict[str, Any]:
         return {"step": self.step, "batch_size": self.sampler.batch_size,
@@ -122,3 +122,14 @@ class _Steps(IterableDataset):
                     ahead = pool.submit(draw, step + 1, replica)
                 module.step = step + 1
                 yield module.batch(sub)
+
+
+class _Once(IterableDataset):
+    def __init__(self, item: Data) -> None:
+        self.item = item
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[Data]:
+        yield self.item

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .mesh import FourDMesh
-from .pmm import _sum, all_reduce_sum, block, copy_to, layer_axes, reduce_from
+from . import pmm
+from .pmm import summed, all_reduce_sum, block, copy_to, layer_axes, reduce_from
 from .sampling import sample_seed
 from .scalegnn import ScaleGNN, aggregate_sum
 
@@ -54,7 +55,7 @@ def _move(x: Tensor, group, shape, src, dst) -> Tensor:
     rows, cols, owner = src
     if owner:
         full[rows, cols] = x
-    full = _sum(full, group)
+    full = summed(full, group)
     rows, cols, _ = dst
     return full[rows, cols].clone()
 
@@ -73,6 +74,7 @@ class _GatherRows(torch.autograd.Function):
         padded[:rows.size(0)] = rows
         parts = [torch.empty_like(padded) for _ in sizes]
         dist.all_gather(parts, padded.contiguous(), group=group)
+        pmm._sent[0] += (len(sizes) - 1) * padded.numel() * padded.element_size()
         return torch.cat([part[:size] for part, size in zip(parts, sizes)])
 
     @staticmethod
@@ -225,8 +227,8 @@ class Grid3DScaleGNN(torch.nn.Module):
         r"""The batch's loss from this process's share (summed over the output rows' axis;
         averaged over the replicas), without gradient."""
         _, _, t = layer_axes(self.num_layers)
-        value = _sum(loss.detach().reshape(1), self.mesh.group(t))
-        return _sum(value, self.mesh.group("dp")) / self.mesh.size("dp")
+        value = summed(loss.detach().reshape(1), self.mesh.group(t))
+        return summed(value, self.mesh.group("dp")) / self.mesh.size("dp")
 
     def reduce_gradients(self) -> None:
         r"""Sums every block's gradient over the axes whose processes computed other rows'
@@ -237,8 +239,8 @@ class Grid3DScaleGNN(torch.nn.Module):
                 continue
             grad = p.grad
             for axis in axes:
-                grad = _sum(grad, self.mesh.group(axis))
-            grad = _sum(grad, self.mesh.group("dp")) / self.mesh.size("dp")
+                grad = summed(grad, self.mesh.group(axis))
+            grad = summed(grad, self.mesh.group("dp")) / self.mesh.size("dp")
             p.grad.copy_(grad)
 
     def full_state_dict(self) -> Dict[str, Tensor]:
@@ -255,7 +257,7 @@ class Grid3DScaleGNN(torch.nn.Module):
             # One copy of each block: the process at coordinate 0 of its replicated axes.
             if all(self.mesh.coordinate(a) == 0 for a in self._replicated(name)):
                 value[index] = param.detach()
-            out[name] = _sum(value, self.mesh.group("grid"))
+            out[name] = summed(value, self.mesh.group("grid"))
         state = {"lin_in.weight": out["w_in"].t().contiguous(),
                  "lin_out.weight": out["w_out"].t().contiguous(), "lin_out.bias": out["b_out"]}
         for layer in range(1, self.num_layers + 1):

@@ -27,9 +27,23 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["block", "layer_axes", "copy_to", "reduce_from", "all_reduce_sum", "GRID_AXES"]
+__all__ = ["block", "layer_axes", "copy_to", "reduce_from", "all_reduce_sum", "GRID_AXES",
+           "bytes_sent", "reset_bytes", "summed"]
 
 GRID_AXES = ("x", "y", "z")
+
+# Bytes this process sent in the grid's all-reduces, counted as a ring all-reduce sends them:
+# 2 (g - 1) / g of the payload for a group of g.
+_sent = [0.0]
+
+
+def bytes_sent() -> float:
+    r"""Bytes this process has sent in :mod:`.pmm` all-reduces since :func:`reset_bytes`."""
+    return _sent[0]
+
+
+def reset_bytes() -> None:
+    _sent[0] = 0.0
 
 
 def block(n: int, parts: int, index: int) -> slice:
@@ -53,10 +67,14 @@ def _active(group: Optional[object]) -> bool:
         dist.get_world_size(group) > 1
 
 
-def _sum(t: Tensor, group: Optional[object]) -> Tensor:
+def summed(t: Tensor, group: Optional[object]) -> Tensor:
+    r"""A sum of :obj:`t` over :obj:`group` (a new tensor; counted in :func:`bytes_sent`;
+    :obj:`t` itself when the group is a single process)."""
     if not _active(group):
         return t
     t = t.contiguous().clone()
+    g = dist.get_world_size(group)
+    _sent[0] += 2.0 * (g - 1) / g * t.numel() * t.element_size()
     dist.all_reduce(t, group=group)
     return t
 
@@ -69,13 +87,13 @@ class _CopyTo(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return _sum(grad, ctx.group), None
+        return summed(grad, ctx.group), None
 
 
 class _ReduceFrom(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, group) -> Tensor:
-        return _sum(x, group)
+        return summed(x, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -86,11 +104,11 @@ class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, group) -> Tensor:
         ctx.group = group
-        return _sum(x, group)
+        return summed(x, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return _sum(grad, ctx.group), None
+        return summed(grad, ctx.group), None
 
 
 def copy_to(x: Tensor, group: Optional[object]) -> Tensor:

@@ -14,6 +14,7 @@ from torch_geometric.data.data import BaseData
 from ..parallel.dims import FourDDims
 from ..parallel.grid3d import Grid3DScaleGNN
 from ..parallel.mesh import FourDMesh
+from ..parallel.pmm import summed
 from ..parallel.scalegnn import ScaleGNN
 
 __all__ = ["FourDStrategy"]
@@ -143,8 +144,7 @@ class FourDStrategy(DDPStrategy):
         for p in params:
             if id(p) in split or p.grad is None or replicas == 1:
                 continue
-            dist.all_reduce(p.grad, group=group)
-            p.grad /= replicas
+            p.grad.copy_(summed(p.grad, group) / replicas)
 
     # -- checkpoints --------------------------------------------------------------------------
     def lightning_module_state_dict(self) -> Dict[str, Any]:
