@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "parallel only)")
     t.add_argument("--batch-size", type=int, default=None,
                    help="4d: vertices sampled per step (default: a quarter of the graph)")
+    t.add_argument("--bf16-comm", action="store_true",
+                   help="4d: the grid's partial sums cross the wire as bfloat16 (lossy)")
     t.add_argument("--steps-per-epoch", type=int, default=None,
                    help="4d: steps per epoch (default: nodes / batch size, rounded up)")
     t.add_argument("--epochs", type=int, default=200)
@@ -323,7 +325,8 @@ def _train(args) -> int:
         datamodule = SampledNodeDataModule(data, batch_size, args.steps_per_epoch,
                                            seed=args.seed)
         num_features, num_classes = data.num_features, int(data.y.max()) + 1
-        strategy = FourDStrategy(dp=args.dp, grid=grid, seed=args.seed, timeout=args.timeout)
+        strategy = FourDStrategy(dp=args.dp, grid=grid, seed=args.seed,
+                                 bf16_comm=args.bf16_comm, timeout=args.timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
     elif args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
@@ -408,6 +411,7 @@ def _train(args) -> int:
         "dp": strategy.dims.dp if fourd else None,
         "grid": list(strategy.grid) if fourd else None,
         "batch_size": datamodule.sampler.batch_size if fourd else None,
+        "bf16_comm": bool(args.bf16_comm) if fourd else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),

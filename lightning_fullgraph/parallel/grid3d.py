@@ -96,6 +96,9 @@ class Grid3DScaleGNN(torch.nn.Module):
         gather_output (bool): Return the logits of every row of the batch (gathered over the
             output rows' axis), so that an unmodified loss over ``out[mask]`` works;
             otherwise only :meth:`output_rows` (use :meth:`loss` then).
+        bf16_comm (bool): The partial products of the parallel matmuls (forward) and their
+            gradients (backward) cross the wire as bfloat16, summed in fp32 (ScaleGNN §V);
+            RMSNorm, the loss and the weight gradients stay fp32.  Lossy; halves those bytes.
 
     Shapes:
         - **input:** the mini-batch's node features :math:`(B, F_{in})`, edge indices
@@ -106,9 +109,10 @@ class Grid3DScaleGNN(torch.nn.Module):
     """
 
     def __init__(self, model: ScaleGNN, mesh: FourDMesh, seed: int = 0,
-                 gather_output: bool = False) -> None:
+                 gather_output: bool = False, bf16_comm: bool = False) -> None:
         super().__init__()
         self.mesh, self.seed, self.gather_output = mesh, int(seed), bool(gather_output)
+        self.bf16_comm = bool(bf16_comm)
         self.num_layers, self.eps, self.dropout = model.num_layers, model.eps, model.dropout
         self.in_channels, self.hidden = model.in_channels, model.hidden_channels
         self.out_channels = model.out_channels
@@ -170,13 +174,14 @@ class Grid3DScaleGNN(torch.nn.Module):
             self._batch_key = batch_key
         group = self.mesh.group
         own = x[self._cols(n, "x"), self._cols(self.in_channels, "z")]
-        feats = reduce_from(own @ self.w_in, group("z"))  # (x, y), replicated along z
+        bf16 = self.bf16_comm
+        feats = reduce_from(own @ self.w_in, group("z"), bf16)  # (x, y), replicated along z
         for layer in range(1, self.num_layers + 1):
             r, c, t = layer_axes(layer)
             adj, weight, n_dst = self._adjacency_block(edge_index, edge_weight, n, t, r)
-            agg = aggregate_sum(copy_to(feats, group(t)), adj, weight, n_dst)
-            agg = copy_to(reduce_from(agg, group(r)), group(r))  # (t, c)
-            xc = reduce_from(agg @ getattr(self, f"w{layer}"), group(c))  # (t, r)
+            agg = aggregate_sum(copy_to(feats, group(t), bf16), adj, weight, n_dst)
+            agg = copy_to(reduce_from(agg, group(r), bf16), group(r), bf16)  # (t, c)
+            xc = reduce_from(agg @ getattr(self, f"w{layer}"), group(c), bf16)  # (t, r)
             squares = all_reduce_sum(xc.pow(2).sum(-1, keepdim=True), group(r))
             xn = xc * torch.rsqrt(squares / h + self.eps) * getattr(self, f"gamma{layer}")
             out = self._dropout(F.relu(xn), layer, t, r)

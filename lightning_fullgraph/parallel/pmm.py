@@ -67,13 +67,25 @@ def _active(group: Optional[object]) -> bool:
         dist.get_world_size(group) > 1
 
 
-def summed(t: Tensor, group: Optional[object]) -> Tensor:
+def summed(t: Tensor, group: Optional[object], bf16: bool = False) -> Tensor:
     r"""A sum of :obj:`t` over :obj:`group` (a new tensor; counted in :func:`bytes_sent`;
-    :obj:`t` itself when the group is a single process)."""
+    :obj:`t` itself when the group is a single process).
+
+    With :obj:`bf16`, every member's floating-point summand crosses the wire as bfloat16
+    (as bytes: gloo has no bfloat16 or int16 collectives), and every member adds the
+    gathered summands in fp32, in rank order, so all get the same result.
+    """
     if not _active(group):
         return t
-    t = t.contiguous().clone()
     g = dist.get_world_size(group)
+    if bf16 and t.is_floating_point() and t.dtype != torch.bfloat16:
+        wire = t.to(torch.bfloat16).reshape(-1).view(torch.uint8)
+        parts = [torch.empty_like(wire) for _ in range(g)]
+        _sent[0] += (g - 1) * wire.numel()
+        dist.all_gather(parts, wire, group=group)
+        summands = torch.stack(parts).view(torch.bfloat16).to(t.dtype)
+        return summands.sum(0).reshape(t.shape)
+    t = t.contiguous().clone()
     _sent[0] += 2.0 * (g - 1) / g * t.numel() * t.element_size()
     dist.all_reduce(t, group=group)
     return t
@@ -81,23 +93,23 @@ def summed(t: Tensor, group: Optional[object]) -> Tensor:
 
 class _CopyTo(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group) -> Tensor:
-        ctx.group = group
+    def forward(ctx, x: Tensor, group, bf16: bool = False) -> Tensor:
+        ctx.group, ctx.bf16 = group, bf16
         return x
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return summed(grad, ctx.group), None
+        return summed(grad, ctx.group, ctx.bf16), None, None
 
 
 class _ReduceFrom(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group) -> Tensor:
-        return summed(x, group)
+    def forward(ctx, x: Tensor, group, bf16: bool = False) -> Tensor:
+        return summed(x, group, bf16)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return grad, None
+        return grad, None, None
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -111,15 +123,17 @@ class _AllReduceSum(torch.autograd.Function):
         return summed(grad, ctx.group), None
 
 
-def copy_to(x: Tensor, group: Optional[object]) -> Tensor:
+def copy_to(x: Tensor, group: Optional[object], bf16: bool = False) -> Tensor:
     r"""Identity forward; backward sums the gradient over :obj:`group` (the replicas of
-    :obj:`x` along the group's axis use it for different outputs)."""
-    return _CopyTo.apply(x, group)
+    :obj:`x` along the group's axis use it for different outputs); :obj:`bf16`: the
+    summands cross the wire as bfloat16 (:func:`summed`)."""
+    return _CopyTo.apply(x, group, bf16)
 
 
-def reduce_from(x: Tensor, group: Optional[object]) -> Tensor:
-    r"""Sums partial products over :obj:`group`; the gradient passes through unchanged."""
-    return _ReduceFrom.apply(x, group)
+def reduce_from(x: Tensor, group: Optional[object], bf16: bool = False) -> Tensor:
+    r"""Sums partial products over :obj:`group`; the gradient passes through unchanged;
+    :obj:`bf16`: the summands cross the wire as bfloat16 (:func:`summed`)."""
+    return _ReduceFrom.apply(x, group, bf16)
 
 
 def all_reduce_sum(x: Tensor, group: Optional[object]) -> Tensor:

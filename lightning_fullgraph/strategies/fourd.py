@@ -42,6 +42,8 @@ class FourDStrategy(DDPStrategy):
         dp (int, optional): Data-parallel replicas (default: world size / grid size).
         grid (Tuple[int, int, int]): ``(x, y, z)`` processes per replica.
         seed (int): Seed of the split layers' dropout masks.
+        bf16_comm (bool): Send the parallel matmuls' partial sums and their gradients as
+            bfloat16, summed in fp32 (ScaleGNN §V; lossy, half those bytes).
         timeout (timedelta or float): Collective timeout of the grid's groups.
         num_threads (int, optional): Torch threads per process (default: the node's cores
             divided by its processes).
@@ -51,13 +53,15 @@ class FourDStrategy(DDPStrategy):
     strategy_name = "4d"
 
     def __init__(self, dp: Optional[int] = None, grid: Tuple[int, int, int] = (1, 1, 1),
-                 seed: int = 0, timeout: Union[float, timedelta] = timedelta(minutes=5),
+                 seed: int = 0, bf16_comm: bool = False,
+                 timeout: Union[float, timedelta] = timedelta(minutes=5),
                  num_threads: Optional[int] = None, **kwargs: Any) -> None:
         FourDDims.of(1 if dp is None else dp, grid)  # refuse bad values now, not per rank
         if isinstance(timeout, (int, float)):
             timeout = timedelta(seconds=float(timeout))
         super().__init__(timeout=timeout, **kwargs)
         self.dp, self.grid, self.seed = dp, tuple(grid), int(seed)
+        self.bf16_comm = bool(bf16_comm)
         self.num_threads = num_threads
         self.mesh: Optional[FourDMesh] = None
         # (parent module, attribute, the ScaleGNN, its Grid3DScaleGNN), for revert.
@@ -100,7 +104,8 @@ class FourDStrategy(DDPStrategy):
         module = self.lightning_module
         _broadcast(module)  # one initial model on every process: rank 0's
         for parent, name, child in _scalegnn_children(module):
-            split = Grid3DScaleGNN(child, self.mesh, seed=self.seed, gather_output=True)
+            split = Grid3DScaleGNN(child, self.mesh, seed=self.seed, gather_output=True,
+                                   bf16_comm=self.bf16_comm)
             setattr(parent, name, split.to(self.root_device))
             self._split.append((parent, name, child, split))
 
