@@ -26,38 +26,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from .mesh import FourDMesh
 from . import pmm
-from .pmm import summed, all_reduce_sum, block, copy_to, layer_axes, reduce_from
+from .mesh import FourDMesh
+from .pmm import all_reduce_sum, block, copy_to, layer_axes, reduce_from, summed
+from .reshard import reshard
 from .sampling import sample_seed
 from .scalegnn import ScaleGNN, aggregate_sum
 
 __all__ = ["Grid3DScaleGNN"]
-
-
-class _Reshard(torch.autograd.Function):
-    r"""A block of a replicated matrix, moved to another layout (one sum over the grid)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, group, shape: Tuple[int, int], src: Tuple[slice, slice, bool],
-                dst: Tuple[slice, slice, bool]) -> Tensor:
-        ctx.group, ctx.shape, ctx.src, ctx.dst = group, shape, src, dst
-        return _move(x, group, shape, src, dst)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return _move(grad, ctx.group, ctx.shape, ctx.dst, ctx.src), None, None, None, None
-
-
-def _move(x: Tensor, group, shape, src, dst) -> Tensor:
-    # Only one replica of a block (its third-axis coordinate 0) contributes to the sum.
-    full = x.new_zeros(shape)
-    rows, cols, owner = src
-    if owner:
-        full[rows, cols] = x
-    full = summed(full, group)
-    rows, cols, _ = dst
-    return full[rows, cols].clone()
 
 
 class _GatherRows(torch.autograd.Function):
@@ -198,13 +174,13 @@ class Grid3DScaleGNN(torch.nn.Module):
         return logits
 
     def _reshard(self, x: Tensor, n: int, src: Tuple[str, str], dst: Tuple[str, str]) -> Tensor:
-        src_third = next(a for a in ("x", "y", "z") if a not in src)
-        dst_third = next(a for a in ("x", "y", "z") if a not in dst)
-        src_blk = (self._cols(n, src[0]), self._cols(self.hidden, src[1]),
-                   self.mesh.coordinate(src_third) == 0)
-        dst_blk = (self._cols(n, dst[0]), self._cols(self.hidden, dst[1]),
-                   self.mesh.coordinate(dst_third) == 0)
-        return _Reshard.apply(x, self.mesh.group("grid"), (n, self.hidden), src_blk, dst_blk)
+        dims = self.mesh.dims
+        members = [dims.coordinates(r) for r in dims.group_ranks("x", "y", "z")[
+            self.mesh.coordinate("dp")]]
+        me = members.index(dims.coordinates(self.mesh.rank))
+        sizes = {a: self.mesh.size(a) for a in ("x", "y", "z")}
+        return reshard(x, self.mesh.group("grid"), members, me, sizes, src, dst, n,
+                       self.hidden)
 
     def _dropout(self, x: Tensor, layer: int, t: str, r: str) -> Tensor:
         if not self.training or self.dropout == 0.0:

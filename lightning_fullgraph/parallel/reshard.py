@@ -1,0 +1,121 @@
+r"""Moving a replicated block matrix from one grid layout to another (the residual of a
+rotating 3-D layer: features in layout ``(R, C)`` are added to a layer output in ``(T, R)``).
+
+Every process of the grid holds the block of the source layout given by its coordinates, and
+needs the block of the destination layout.  One ``all_to_all`` moves exactly the overlaps:
+the replicas of a source block at third-axis coordinate 0 send each process the part of their
+block that falls in its destination block; nothing else crosses the wire (about
+:math:`N h / |grid|` values per process instead of the whole matrix).  Backward is the
+transpose: the destination replicas at their third-axis coordinate 0 send every holder of a
+source block (all its replicas: they must all get the complete gradient) the overlapping part
+of the gradient.
+"""
+from typing import Dict, List, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import pmm
+from .pmm import block
+
+__all__ = ["Layout", "reshard"]
+
+#: ``(row axis, column axis)`` of a block layout over the grid axes ``x``, ``y``, ``z``.
+Layout = Tuple[str, str]
+_AXES = ("x", "y", "z")
+
+
+def _third(layout: Layout) -> str:
+    return next(a for a in _AXES if a not in layout)
+
+
+def _blk(coords: Dict[str, int], sizes: Dict[str, int], layout: Layout, n: int,
+         h: int) -> Tuple[slice, slice]:
+    r, c = layout
+    return block(n, sizes[r], coords[r]), block(h, sizes[c], coords[c])
+
+
+def _overlap(a: Tuple[slice, slice], b: Tuple[slice, slice]) -> Tuple[slice, slice]:
+    rows = slice(max(a[0].start, b[0].start), max(max(a[0].start, b[0].start),
+                                                  min(a[0].stop, b[0].stop)))
+    cols = slice(max(a[1].start, b[1].start), max(max(a[1].start, b[1].start),
+                                                  min(a[1].stop, b[1].stop)))
+    return rows, cols
+
+
+def _size(piece: Tuple[slice, slice]) -> int:
+    return (piece[0].stop - piece[0].start) * (piece[1].stop - piece[1].start)
+
+
+def _local(piece: Tuple[slice, slice], within: Tuple[slice, slice]) -> Tuple[slice, slice]:
+    return (slice(piece[0].start - within[0].start, piece[0].stop - within[0].start),
+            slice(piece[1].start - within[1].start, piece[1].stop - within[1].start))
+
+
+def _exchange(x: Tensor, group, members: List[Dict[str, int]], me: int,
+              sizes: Dict[str, int], src: Layout, dst: Layout, n: int, h: int) -> Tensor:
+    r"""The replicas of every :obj:`src` block at coordinate 0 of its third axis send each
+    process the overlap with its :obj:`dst` block; returns this process's :obj:`dst` block
+    (covered exactly once: the senders' blocks tile the matrix)."""
+    owner = _third(src)
+    mine_src = _blk(members[me], sizes, src, n, h)
+    mine_dst = _blk(members[me], sizes, dst, n, h)
+    sends, send_counts, recv_pieces, recv_counts = [], [], [], []
+    for q in members:
+        q_dst, q_src = _blk(q, sizes, dst, n, h), _blk(q, sizes, src, n, h)
+        piece = _overlap(mine_src, q_dst) if members[me][owner] == 0 else (slice(0, 0),
+                                                                           slice(0, 0))
+        rows, cols = _local(piece, mine_src)
+        sends.append(x[rows, cols].reshape(-1))
+        send_counts.append(_size(piece))
+        incoming = _overlap(q_src, mine_dst) if q[owner] == 0 else (slice(0, 0), slice(0, 0))
+        recv_pieces.append(incoming)
+        recv_counts.append(_size(incoming))
+    send = torch.cat(sends)
+    recv = x.new_empty(sum(recv_counts))
+    pmm._sent[0] += (sum(send_counts) - send_counts[me]) * x.element_size()
+    dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
+                           input_split_sizes=send_counts, group=group)
+    out = x.new_empty((mine_dst[0].stop - mine_dst[0].start,
+                       mine_dst[1].stop - mine_dst[1].start))
+    for piece, part in zip(recv_pieces, torch.split(recv, recv_counts)):
+        if part.numel():
+            rows, cols = _local(piece, mine_dst)
+            out[rows, cols] = part.view(rows.stop - rows.start, cols.stop - cols.start)
+    return out
+
+
+class _Reshard(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group, members, me, sizes, src, dst, n, h) -> Tensor:
+        ctx.args = (group, members, me, sizes, src, dst, n, h)
+        return _exchange(x, group, members, me, sizes, src, dst, n, h)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        group, members, me, sizes, src, dst, n, h = ctx.args
+        # The transpose: the destination blocks' owners send every holder of a source block
+        # (all its replicas) the overlapping part of the gradient.
+        out = _exchange(grad.contiguous(), group, members, me, sizes, dst, src, n, h)
+        return (out, ) + (None, ) * 8
+
+
+def reshard(x: Tensor, group, members: List[Dict[str, int]], me: int, sizes: Dict[str, int],
+            src: Layout, dst: Layout, n: int, h: int) -> Tensor:
+    r"""This process's block of the :obj:`dst` layout of the :math:`n \times h` matrix whose
+    :obj:`src` block :obj:`x` it holds (differentiable).
+
+    Args:
+        x (torch.Tensor): This process's block in layout :obj:`src`.
+        group (ProcessGroup): The replica's grid (every member in :obj:`members` order).
+        members (List[Dict[str, int]]): The grid coordinates of every group member, in group
+            rank order.
+        me (int): This process's index in :obj:`members`.
+        sizes (Dict[str, int]): Grid size along ``x``, ``y``, ``z``.
+        src, dst (Layout): ``(row axis, column axis)`` of the two layouts.
+        n, h (int): Rows and columns of the whole matrix.
+    """
+    if len(members) == 1:
+        return x.clone()
+    return _Reshard.apply(x, group, members, me, sizes, src, dst, n, h)
