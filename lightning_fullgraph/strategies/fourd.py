@@ -47,6 +47,9 @@ class FourDStrategy(DDPStrategy):
         timeout (timedelta or float): Collective timeout of the grid's groups.
         num_threads (int, optional): Torch threads per process (default: the node's cores
             divided by its processes).
+        log_communication (bool): Add a
+            :class:`~lightning_fullgraph.callbacks.CommunicationMonitor` (the grid's bytes
+            per epoch, ``comm/sent_MB``) unless one is set.
         **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`.
     """
 
@@ -55,7 +58,8 @@ class FourDStrategy(DDPStrategy):
     def __init__(self, dp: Optional[int] = None, grid: Tuple[int, int, int] = (1, 1, 1),
                  seed: int = 0, bf16_comm: bool = False,
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
-                 num_threads: Optional[int] = None, **kwargs: Any) -> None:
+                 num_threads: Optional[int] = None, log_communication: bool = True,
+                 **kwargs: Any) -> None:
         FourDDims.of(1 if dp is None else dp, grid)  # refuse bad values now, not per rank
         if isinstance(timeout, (int, float)):
             timeout = timedelta(seconds=float(timeout))
@@ -63,6 +67,7 @@ class FourDStrategy(DDPStrategy):
         self.dp, self.grid, self.seed = dp, tuple(grid), int(seed)
         self.bf16_comm = bool(bf16_comm)
         self.num_threads = num_threads
+        self.log_communication = bool(log_communication)
         self.mesh: Optional[FourDMesh] = None
         # (parent module, attribute, the ScaleGNN, its Grid3DScaleGNN), for revert.
         self._split: List[Tuple[torch.nn.Module, str, ScaleGNN, Grid3DScaleGNN]] = []
@@ -83,6 +88,12 @@ class FourDStrategy(DDPStrategy):
         if self.root_device.type == "cpu":
             torch.set_num_threads(self.num_threads or max(
                 1, (os.cpu_count() or 1) // max(1, self.num_processes)))
+        trainer = getattr(self.lightning_module, "trainer", None) \
+            if self.lightning_module is not None else None
+        if trainer is not None and self.log_communication:
+            from ..callbacks import CommunicationMonitor
+            if not any(isinstance(c, CommunicationMonitor) for c in trainer.callbacks):
+                trainer.callbacks.append(CommunicationMonitor())
 
     def setup(self, trainer) -> None:
         self.mesh = FourDMesh.create(self.dims, timeout=self._timeout)
