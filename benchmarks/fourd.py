@@ -77,6 +77,8 @@ def main() -> None:
             "step_s": statistics.median(r["train_step_seconds"] or 0.0 for r in done),
             "fit_s": statistics.median(r["fit_seconds"] for r in done),
             "batch_size": done[0].get("batch_size"),
+            "peak_rss_MiB_rank0": statistics.mean(r.get("peak_rss_MiB") or 0.0 for r in done),
+            "sampling_hidden_frac": done[0].get("sampling_hidden_frac"),
         })
         print(f"[fourd] {name}: {rows[-1]['test_acc_mean']:.4f}", file=sys.stderr, flush=True)
     result = {"rows": rows}
@@ -85,11 +87,13 @@ def main() -> None:
         return
     print(json.dumps(result))
     print(f"{'config':18} {'test acc (%)':>14} {'MB/epoch/rank':>14} {'step ms':>8} "
-          f"{'fit s':>7} {'batch':>6}")
+          f"{'fit s':>7} {'batch':>6} {'RSS MiB':>8} {'sampling hidden':>15}")
     for r in rows:
+        hidden = r["sampling_hidden_frac"]
         print(f"{r['config']:18} {100 * r['test_acc_mean']:7.2f} ± {100 * r['test_acc_std']:4.2f} "
               f"{r['MB_per_epoch_per_rank']:14.4f} {1000 * r['step_s']:8.1f} {r['fit_s']:7.1f} "
-              f"{r['batch_size'] or '':>6}")
+              f"{r['batch_size'] or '':>6} {r['peak_rss_MiB_rank0']:8.0f} "
+              f"{'' if hidden is None else f'{100 * hidden:.0f} %':>15}")
 
 
 if __name__ == "__main__":

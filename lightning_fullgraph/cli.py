@@ -412,6 +412,12 @@ def _train(args) -> int:
         "grid": list(strategy.grid) if fourd else None,
         "batch_size": datamodule.sampler.batch_size if fourd else None,
         "bf16_comm": bool(args.bf16_comm) if fourd else None,
+        "sampling_s_per_epoch": datamodule.sample_seconds / max(1, args.epochs) if fourd
+        else None,
+        "sampling_hidden_frac": (1.0 - datamodule.wait_seconds / datamodule.sample_seconds)
+        if fourd and datamodule.sample_seconds > 0 else None,
+        # This process's peak resident memory (rank 0's, the one that prints).
+        "peak_rss_MiB": _peak_rss_mib(),
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),
@@ -445,6 +451,14 @@ def _feature_transform(args):
         return None
     import torch_geometric.transforms as T
     return T.NormalizeFeatures()
+
+
+def _peak_rss_mib() -> Optional[float]:
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _median_step(callbacks) -> Optional[float]:

@@ -146,6 +146,8 @@ def test_train_4d_json(tmp_path):
     assert summary["batch_size"] == 2708 // 4
     assert summary["test_acc"] > 0.5
     assert summary["comm_MB_per_epoch_per_rank"] > 0
+    assert summary["sampling_s_per_epoch"] > 0 and summary["sampling_hidden_frac"] <= 1.0
+    assert summary["peak_rss_MiB"] > 0
 
 
 def test_scalegnn_needs_the_4d_strategy(capsys):

@@ -1,4 +1,5 @@
 r"""Mini-batches of ScaleGNN's uniform vertex sampling, as a Lightning data module."""
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, Optional
 
@@ -49,6 +50,10 @@ class SampledNodeDataModule(pl.LightningDataModule):
             raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
         self.prefetch = bool(prefetch)
         self.step = 0  # next training step to draw (checkpointed)
+        # Seconds spent drawing batches, and seconds the training loop waited for one (with
+        # prefetch, drawing overlaps training: 1 - wait / sample is the hidden share).
+        self.sample_seconds = 0.0
+        self.wait_seconds = 0.0
 
     @property
     def replica(self) -> int:
@@ -106,22 +111,33 @@ class _Steps(IterableDataset):
 
     def __iter__(self) -> Iterator[Data]:
         module, replica = self.module, self.module.replica
-        draw = module.sampler.sample
+
+        def draw(step: int) -> Data:
+            start = time.perf_counter()
+            batch = module.batch(module.sampler.sample(step, replica))
+            module.sample_seconds += time.perf_counter() - start
+            return batch
+
         first = module.step
         last = first + module.steps_per_epoch
         if not module.prefetch:
             for step in range(first, last):
+                start = time.perf_counter()
+                batch = draw(step)
+                module.wait_seconds += time.perf_counter() - start
                 module.step = step + 1
-                yield module.batch(draw(step, replica))
+                yield batch
             return
         with ThreadPoolExecutor(max_workers=1) as pool:
-            ahead = pool.submit(draw, first, replica)
+            ahead = pool.submit(draw, first)
             for step in range(first, last):
-                sub = ahead.result()
+                start = time.perf_counter()
+                batch = ahead.result()
+                module.wait_seconds += time.perf_counter() - start
                 if step + 1 < last:  # the next step's batch, while this one trains
-                    ahead = pool.submit(draw, step + 1, replica)
+                    ahead = pool.submit(draw, step + 1)
                 module.step = step + 1
-                yield module.batch(sub)
+                yield batch
 
 
 class _Once(IterableDataset):
