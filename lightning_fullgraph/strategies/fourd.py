@@ -1,6 +1,7 @@
 r"""``FourDStrategy``: ScaleGNN's mini-batch training, data parallel x a 3-D process grid."""
 import math
 import os
+import sys
 from datetime import timedelta
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -120,9 +121,10 @@ class FourDStrategy(DDPStrategy):
             setattr(parent, name, split.to(self.root_device))
             self._split.append((parent, name, child, split))
 
-    def _revert(self) -> None:
+    def _revert(self, gather: bool = True) -> None:
         for parent, name, child, split in reversed(self._split):
-            child.load_state_dict(split.full_state_dict())
+            if gather:  # a collective over the grid
+                child.load_state_dict(split.full_state_dict())
             setattr(parent, name, child)
         self._split = []
 
@@ -217,7 +219,9 @@ class FourDStrategy(DDPStrategy):
 
     def teardown(self) -> None:
         if self._split:
-            self._revert()
+            # While an exception unwinds (a peer may be gone) no collective: the modules are
+            # put back without gathering the trained blocks.
+            self._revert(gather=sys.exc_info()[0] is None)
         super().teardown()
 
     @classmethod
