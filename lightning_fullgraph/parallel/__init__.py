@@ -6,13 +6,15 @@ r"""ScaleGNN's 4-D parallelism (data parallel x a 3-D grid), piece by piece.
   sampling with unbiased edge rescaling.
 * :mod:`.scalegnn` -- :class:`ScaleGNN`, the model on one process; :mod:`.grid3d` --
   :class:`Grid3DScaleGNN`, the same model over a 3-D grid (:mod:`.pmm`: blocks, layouts and
-  the collectives), with data-parallel replicas.
+  the collectives), with data-parallel replicas; :mod:`.gcn3d` -- :class:`Grid3DGCN`, PyG's
+  ``GCN`` split the same way.
 """
 from .dims import AXES, FourDDims
+from .gcn3d import Grid3DGCN
 from .grid3d import Grid3DScaleGNN
 from .mesh import FourDMesh
 from .sampling import SampledSubgraph, UniformVertexSampler, sample_seed
 from .scalegnn import ScaleGNN
 
-__all__ = ["AXES", "FourDDims", "FourDMesh", "Grid3DScaleGNN", "SampledSubgraph", "ScaleGNN",
-           "UniformVertexSampler", "sample_seed"]
+__all__ = ["AXES", "FourDDims", "FourDMesh", "Grid3DGCN", "Grid3DScaleGNN", "SampledSubgraph",
+           "ScaleGNN", "UniformVertexSampler", "sample_seed"]

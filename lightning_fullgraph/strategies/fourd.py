@@ -13,6 +13,7 @@ from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from ..parallel.dims import FourDDims
+from ..parallel.gcn3d import Grid3DGCN, check_convertible
 from ..parallel.grid3d import Grid3DScaleGNN
 from ..parallel.mesh import FourDMesh
 from ..parallel.pmm import summed
@@ -33,8 +34,10 @@ class FourDStrategy(DDPStrategy):
 
     With ``grid=(1, 1, 1)`` any PyG model trains data parallel on the sampled batches
     (give it the batch's ``edge_weight``: the rescaled normalized weights).  With a larger
-    grid, ``ScaleGNN`` modules are split (their output gathered, so the training step's
-    ``out[mask]`` loss works unchanged); other layers run whole on every process of the grid.
+    grid, :class:`~lightning_fullgraph.parallel.ScaleGNN` and PyG
+    :class:`~torch_geometric.nn.models.GCN` (``normalize=False``, no norm layers) modules are
+    split (:class:`~lightning_fullgraph.parallel.Grid3DGCN`; outputs gathered, so the training
+    step's ``out[mask]`` loss works unchanged); a parameter outside them is refused by name.
     Gradients of split weights are summed over the axis that splits their rows and averaged
     over replicas, the others averaged over replicas.  Checkpoints hold the whole model, as
     one process would save it, and every rank's optimizer state.
@@ -115,11 +118,26 @@ class FourDStrategy(DDPStrategy):
             return
         module = self.lightning_module
         _broadcast(module)  # one initial model on every process: rank 0's
-        for parent, name, child in _scalegnn_children(module):
-            split = Grid3DScaleGNN(child, self.mesh, seed=self.seed, gather_output=True,
-                                   bf16_comm=self.bf16_comm)
+        if math.prod(self.grid) == 1:
+            return  # data parallel only: every model runs whole
+        for parent, name, child in _splittable_children(module):
+            if isinstance(child, ScaleGNN):
+                split = Grid3DScaleGNN(child, self.mesh, seed=self.seed, gather_output=True,
+                                       bf16_comm=self.bf16_comm)
+            else:
+                split = Grid3DGCN(child, self.mesh, seed=self.seed, bf16_comm=self.bf16_comm)
             setattr(parent, name, split.to(self.root_device))
             self._split.append((parent, name, child, split))
+        held = {id(p) for *_, split in self._split for p in split.parameters()}
+        others = [n for n, p in module.named_parameters() if id(p) not in held]
+        if others:
+            self._revert(gather=False)
+            raise TypeError(
+                f"FourDStrategy(grid={self.grid}) splits ScaleGNN and torch_geometric GCN "
+                f"models over the grid; these parameters are outside them: "
+                f"{', '.join(others[:8])}{' ...' if len(others) > 8 else ''}. Their gradients "
+                "would be wrong on a grid: put every layer inside the split model, or train "
+                "with grid=(1, 1, 1)")
 
     def _revert(self, gather: bool = True) -> None:
         for parent, name, child, split in reversed(self._split):
@@ -231,11 +249,18 @@ class FourDStrategy(DDPStrategy):
                 "4d", cls, description="ScaleGNN 4-D mini-batch training (lightning-fullgraph)")
 
 
-def _scalegnn_children(module: torch.nn.Module):
+def _splittable_children(module: torch.nn.Module):
+    from torch_geometric.nn.models import GCN
+
+    found = []
     for parent in module.modules():
         for name, child in parent.named_children():
             if isinstance(child, ScaleGNN):
-                yield parent, name, child
+                found.append((parent, name, child))
+            elif isinstance(child, GCN):
+                check_convertible(child, name)  # refuses what cannot be split, by name
+                found.append((parent, name, child))
+    return found
 
 
 @torch.no_grad()

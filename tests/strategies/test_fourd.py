@@ -17,6 +17,7 @@ STEPS, EPOCHS, BATCH = 3, 2, 40
 def _module(kind, in_channels, classes):
     import lightning.pytorch as pl
     from torch_geometric.nn import GCNConv
+    from torch_geometric.nn.models import GCN
 
     from lightning_fullgraph.parallel import ScaleGNN
 
@@ -25,12 +26,14 @@ def _module(kind, in_channels, classes):
             super().__init__()
             if kind == "scalegnn":
                 self.model = ScaleGNN(in_channels, 8, 3, classes)
+            elif kind == "pyg_gcn":
+                self.model = GCN(in_channels, 8, 2, classes, normalize=False)
             else:
                 self.conv1 = GCNConv(in_channels, 8, normalize=False)
                 self.conv2 = GCNConv(8, classes, normalize=False)
 
         def forward(self, x, edge_index, edge_weight):
-            if kind == "scalegnn":
+            if kind in ("scalegnn", "pyg_gcn"):
                 return self.model(x, edge_index, edge_weight)
             return self.conv2(self.conv1(x, edge_index, edge_weight).relu(), edge_index,
                               edge_weight)
@@ -114,6 +117,7 @@ def _fit(rank, world_size, tmp, kind, dp, grid, resume):
     ("gcn", 2, (1, 1, 1), False),        # data parallel, any PyG model
     ("scalegnn", 1, (2, 1, 1), False),   # 3-D split
     ("scalegnn", 2, (1, 2, 1), True),    # both, resumed from a checkpoint after one epoch
+    ("pyg_gcn", 1, (2, 1, 1), False),    # PyG's GCN model split over the grid
 ])
 def test_fourd_equals_single_process(tmp_path, kind, dp, grid, resume):
     world = dp * grid[0] * grid[1] * grid[2]
@@ -128,3 +132,20 @@ def test_bad_dims_are_refused():
         FourDStrategy(dp=0)
     with pytest.raises(ValueError, match="grid must be"):
         FourDStrategy(grid=(2, 2))
+
+
+def _refused(rank, world_size, tmp):
+    from lightning_fullgraph.data.sampled import SampledNodeDataModule
+    data = skewed_graph()
+    module = _module("gcn", data.num_features, 4)  # bare GCNConv layers: not splittable
+    try:
+        _trainer(tmp, world_size, 1, (2, 1, 1), 1).fit(
+            module, datamodule=SampledNodeDataModule(data, BATCH, STEPS, seed=5))
+    except TypeError as error:
+        return str(error)
+    return None
+
+
+def test_layers_outside_a_split_model_are_refused_by_name(tmp_path):
+    for message in run_distributed(_refused, 2, str(tmp_path), timeout_s=120):
+        assert message is not None and "conv1.lin.weight" in message

@@ -1,0 +1,190 @@
+r"""What every model split over a 3-D grid shares: its weight blocks, the GCN layer's two
+parallel products, dropout masks that replicas agree on, gathered logits and the gradient
+reduction (ScaleGNN §IV-C; see :mod:`.pmm` for the layouts).
+
+A subclass keeps each weight's block with :meth:`GridModule.keep`, naming the axis that splits
+each dimension and the axes over which its gradient is summed (those whose processes use the
+block for other rows); :meth:`GridModule.full_state_dict` and
+:meth:`GridModule.load_full_state_dict` translate between the blocks and the ``state_dict``
+of the model on one process.
+"""
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import pmm
+from .mesh import FourDMesh
+from .pmm import block, copy_to, layer_axes, reduce_from, summed
+from .sampling import sample_seed
+from .scalegnn import aggregate_sum
+
+__all__ = ["GridModule"]
+
+
+@dataclass(frozen=True)
+class _Block:
+    key: str                        # name in the single-process state_dict
+    transpose: bool                 # the block is of key.t() (linear weights: (in, out))
+    shape: Tuple[int, ...]          # full shape, in the block's orientation
+    split: Tuple[Optional[str], ...]  # axis splitting each dimension (None: whole)
+    sum_over: Tuple[str, ...]       # axes the gradient is summed over
+
+
+class _GatherRows(torch.autograd.Function):
+    r"""All row blocks on every process; backward keeps this block's rows (the loss on the
+    gathered rows is the same computation on every process)."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, group, sizes: List[int], index: int) -> Tensor:
+        ctx.sizes, ctx.index = sizes, index
+        if len(sizes) == 1:
+            return rows.clone()
+        longest = max(sizes)
+        padded = rows.new_zeros((longest, ) + tuple(rows.shape[1:]))
+        padded[:rows.size(0)] = rows
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded.contiguous(), group=group)
+        pmm._sent[0] += (len(sizes) - 1) * padded.numel() * padded.element_size()
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        start = sum(ctx.sizes[:ctx.index])
+        return grad[start:start + ctx.sizes[ctx.index]].contiguous(), None, None, None
+
+
+class GridModule(torch.nn.Module):
+    r"""Base of the models split over a replica's 3-D grid.
+
+    Args:
+        mesh (FourDMesh): This rank's groups.
+        seed (int): Seed of the dropout masks (replicas of a block draw the same mask).
+        bf16_comm (bool): The parallel products' partial sums (and their gradients) cross the
+            wire as bfloat16, summed in fp32.
+    """
+
+    def __init__(self, mesh: FourDMesh, seed: int = 0, bf16_comm: bool = False) -> None:
+        super().__init__()
+        self.mesh, self.seed, self.bf16_comm = mesh, int(seed), bool(bf16_comm)
+        self._blocks: Dict[str, _Block] = {}
+        self._adjacency: Dict[tuple, Tuple[Tensor, Optional[Tensor]]] = {}
+        self._batch_key: Optional[tuple] = None
+        self.step = 0
+
+    # -- blocks -----------------------------------------------------------------------------
+    def _cols(self, n: int, axis: Optional[str]) -> slice:
+        if axis is None:
+            return slice(0, n)
+        return block(n, self.mesh.size(axis), self.mesh.coordinate(axis))
+
+    def keep(self, name: str, full: Tensor, key: str, split: Sequence[Optional[str]],
+             sum_over: Sequence[str], transpose: bool = False) -> None:
+        r"""Registers this process's block of :obj:`full` (``key`` in the single-process
+        ``state_dict``; :obj:`transpose`: of ``full.t()``) as parameter :obj:`name`."""
+        value = full.detach().t() if transpose else full.detach()
+        info = _Block(key, transpose, tuple(value.shape), tuple(split), tuple(sum_over))
+        self._blocks[name] = info
+        self.register_parameter(name, torch.nn.Parameter(value[self._index(info)].clone()))
+
+    def _index(self, info: _Block) -> tuple:
+        return tuple(self._cols(n, axis) for n, axis in zip(info.shape, info.split))
+
+    def blocks(self) -> List[Tuple[str, Tensor, tuple]]:
+        r"""``(name, block, index into the full parameter)`` of every block held; the full
+        parameter is the single-process one, transposed for linear weights (``(in, out)``)."""
+        return [(name, getattr(self, name), self._index(info))
+                for name, info in self._blocks.items()]
+
+    def full_state_dict(self) -> Dict[str, Tensor]:
+        r"""The single-process ``state_dict`` of the split weights, assembled from every
+        process's blocks (a collective over the replica's grid)."""
+        out: Dict[str, Tensor] = {}
+        for name, info in self._blocks.items():
+            param = getattr(self, name).detach()
+            value = param.new_zeros(info.shape)
+            # One copy of each block: its holder at coordinate 0 of the axes not splitting it.
+            if all(self.mesh.coordinate(a) == 0 for a in ("x", "y", "z")
+                   if a not in info.split):
+                value[self._index(info)] = param
+            value = summed(value, self.mesh.group("grid"))
+            out[info.key] = value.t().contiguous() if info.transpose else value
+        return out
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: Dict[str, Tensor]) -> None:
+        r"""Copies this process's blocks out of a single-process ``state_dict`` into the
+        existing parameters (an optimizer holding them stays valid); no communication."""
+        for name, info in self._blocks.items():
+            if info.key not in state:
+                raise KeyError(f"state_dict has no '{info.key}' (for block '{name}')")
+            full = state[info.key].t() if info.transpose else state[info.key]
+            if tuple(full.shape) != info.shape:
+                raise ValueError(f"'{info.key}' has shape {tuple(full.shape)}, the split model "
+                                 f"expects {info.shape} (another model size?)")
+            getattr(self, name).copy_(full[self._index(info)])
+
+    def reduce_gradients(self) -> None:
+        r"""Sums every block's gradient over the axes whose processes computed other rows'
+        share of it, then averages over the data-parallel replicas (call after backward)."""
+        for name, info in self._blocks.items():
+            p = getattr(self, name)
+            if p.grad is None:
+                continue
+            grad = p.grad
+            for axis in info.sum_over:
+                grad = summed(grad, self.mesh.group(axis))
+            grad = summed(grad, self.mesh.group("dp")) / self.mesh.size("dp")
+            p.grad.copy_(grad)
+
+    # -- the pieces of a forward --------------------------------------------------------------
+    def new_batch(self, x: Tensor, edge_index: Tensor) -> None:
+        r"""Forgets the adjacency blocks when :obj:`edge_index` is another mini-batch's."""
+        key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), x.size(0))
+        if key != self._batch_key:
+            self._adjacency.clear()
+            self._batch_key = key
+
+    def _adjacency_block(self, edge_index: Tensor, edge_weight: Optional[Tensor], n: int,
+                         dst_axis: str, src_axis: str) -> Tuple[Tensor, Optional[Tensor], int]:
+        rows, cols = self._cols(n, dst_axis), self._cols(n, src_axis)
+        key = (dst_axis, src_axis)
+        if key not in self._adjacency:
+            src, dst = edge_index[0], edge_index[1]
+            keep = (dst >= rows.start) & (dst < rows.stop) & (src >= cols.start) & \
+                (src < cols.stop)
+            local = torch.stack([src[keep] - cols.start, dst[keep] - rows.start])
+            self._adjacency[key] = (local, edge_weight[keep] if edge_weight is not None
+                                    else None)
+        local, weight = self._adjacency[key]
+        return local, weight, rows.stop - rows.start
+
+    def gcn_product(self, feats: Tensor, weight: Tensor, layer: int, edge_index: Tensor,
+                    edge_weight: Optional[Tensor], n: int) -> Tensor:
+        r""":math:`Ã X W` of layer :obj:`layer`: :obj:`feats` in layout ``(R, C)``, the result in
+        ``(T, R)`` (replicated along ``C``)."""
+        group, bf16 = self.mesh.group, self.bf16_comm
+        r, c, t = layer_axes(layer)
+        adj, values, n_dst = self._adjacency_block(edge_index, edge_weight, n, t, r)
+        agg = aggregate_sum(copy_to(feats, group(t), bf16), adj, values, n_dst)
+        agg = copy_to(reduce_from(agg, group(r), bf16), group(r), bf16)  # (t, c)
+        return reduce_from(agg @ weight, group(c), bf16)  # (t, r)
+
+    def dropout_mask(self, x: Tensor, p: float, layer: int, t: str, r: str) -> Tensor:
+        r"""Dropout of a block in layout ``(t, r)``: its replicas draw the same mask."""
+        if not self.training or p == 0.0:
+            return x
+        g = torch.Generator(device=x.device)
+        g.manual_seed(sample_seed(self.seed, self.mesh.coordinate("dp"),
+                                  ((self.step * 64 + layer) * 64 + self.mesh.coordinate(t)) * 64
+                                  + self.mesh.coordinate(r)))
+        keep = torch.rand(x.shape, generator=g, device=x.device) >= p
+        return x * keep / (1.0 - p)
+
+    def gather_rows(self, rows: Tensor, n: int, axis: str) -> Tensor:
+        r"""The :obj:`n` rows split over :obj:`axis`, on every process (differentiable)."""
+        parts = self.mesh.size(axis)
+        sizes = [block(n, parts, i).stop - block(n, parts, i).start for i in range(parts)]
+        return _GatherRows.apply(rows, self.mesh.group(axis), sizes, self.mesh.coordinate(axis))
