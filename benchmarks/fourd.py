@@ -20,9 +20,12 @@ processes (runs are stored in ``--runs`` and reused):
 =====================  =================================================================
 
 A 4d epoch is ``ceil(N / B)`` steps of ``B`` sampled vertices (default a quarter of the
-graph); bytes are per rank per epoch: halo rows for full-graph training, the grid's
-all-reduces and gathers (ring all-reduce counted as 2 (g - 1) / g of the payload) for 4d --
-the data-parallel weight-gradient all-reduce of 4d is not counted (nor is full-graph's).
+graph); bytes are per rank per epoch: halo rows for full-graph training (its gradient
+all-reduce is not counted), and for 4d every collective of the grid and the replicas (the
+parallel products, the logits gathered, the weight-gradient all-reduces; a ring all-reduce
+counted as 2 (g - 1) / g of its payload).  "train ms/epoch" sums the training steps of an
+epoch (median over epochs); "RSS" is rank 0's peak; "sampling hidden" is the share of the
+time spent drawing batches that prefetching overlapped with training.
 """
 from __future__ import annotations
 
@@ -86,12 +89,12 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     print(json.dumps(result))
-    print(f"{'config':18} {'test acc (%)':>14} {'MB/epoch/rank':>14} {'step ms':>8} "
+    print(f"{'config':18} {'test acc (%)':>14} {'MB/epoch/rank':>14} {'train ms/ep':>11} "
           f"{'fit s':>7} {'batch':>6} {'RSS MiB':>8} {'sampling hidden':>15}")
     for r in rows:
         hidden = r["sampling_hidden_frac"]
         print(f"{r['config']:18} {100 * r['test_acc_mean']:7.2f} ± {100 * r['test_acc_std']:4.2f} "
-              f"{r['MB_per_epoch_per_rank']:14.4f} {1000 * r['step_s']:8.1f} {r['fit_s']:7.1f} "
+              f"{r['MB_per_epoch_per_rank']:14.4f} {1000 * r['step_s']:11.1f} {r['fit_s']:7.1f} "
               f"{r['batch_size'] or '':>6} {r['peak_rss_MiB_rank0']:8.0f} "
               f"{'' if hidden is None else f'{100 * hidden:.0f} %':>15}")
 
