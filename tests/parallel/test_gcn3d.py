@@ -4,22 +4,18 @@ import pytest
 import torch
 from torch_geometric.nn.models import GCN
 
-from lightning_fullgraph.parallel import FourDDims, Grid3DGCN, UniformVertexSampler
+from lightning_fullgraph.parallel import FourDDims, Grid3DGCN
 from lightning_fullgraph.parallel.gcn3d import check_convertible
 from lightning_fullgraph.parallel.mesh import FourDMesh
 from lightning_fullgraph.testing import run_distributed
 
-N, B, D_IN, HIDDEN, CLASSES, LAYERS = 40, 24, 6, 8, 3, 3
+from .test_grid3d import CLASSES, D_IN, HIDDEN, LAYERS
+from .test_grid3d import _batch as sampled_batch
 
 
 def _batch():
-    g = torch.Generator().manual_seed(0)
-    ei = torch.randint(0, N, (2, 160), generator=g)
-    ei = ei[:, ei[0] != ei[1]]
-    ei = torch.cat([ei, ei.flip(0)], dim=1)
-    x, y = torch.randn(N, D_IN, generator=g), torch.randint(0, CLASSES, (N, ), generator=g)
-    b = UniformVertexSampler(ei, N, B, seed=3).sample(step=0)
-    return x[b.nodes], b.edge_index, b.edge_weight, y[b.nodes]
+    x, ei, w, y, _ = sampled_batch(replica=0)  # the same mini-batch as the ScaleGNN tests
+    return x, ei, w, y
 
 
 def _model():
