@@ -6,9 +6,11 @@ normalized, rescaled weights), element-wise activations and dropout between laye
 :math:`l` with axes ``(R, C, T)`` computes ``Ã X W_l + b_l`` as the two parallel products of
 :meth:`~.grid_module.GridModule.gcn_product` (``(ÃX)W``: equal to PyG's ``Ã(XW)`` to rounding),
 so features rotate layouts like ScaleGNN's; the logits are gathered whole on every process.
-Anything the split cannot reproduce exactly is refused by name when the model is converted
-(:func:`check_convertible`): normalization layers, jumping knowledge, another convolution,
-``GCNConv(normalize=True)``, non-element-wise activations.
+Normalization layers between the convolutions (``norm="batch_norm"``, ``"layer_norm"`` in
+graph or node mode) run on the blocks with their statistics summed over the grid
+(:mod:`.norms`).  Anything the split cannot reproduce exactly is refused by name when the model
+is converted (:func:`check_convertible`): other normalizations, jumping knowledge, another
+convolution, ``GCNConv(normalize=True)``, non-element-wise activations.
 """
 from typing import Optional
 
@@ -17,6 +19,7 @@ from torch import Tensor
 
 from .grid_module import GridModule
 from .mesh import FourDMesh
+from .norms import SPLITTABLE_NORMS, norm_kind, split_norm
 from .pmm import layer_axes
 
 __all__ = ["Grid3DGCN", "check_convertible"]
@@ -38,10 +41,11 @@ def check_convertible(model: torch.nn.Module, name: str = "model") -> None:
     if getattr(model, "jk_mode", None) is not None or hasattr(model, "lin"):
         raise TypeError(f"'{name}': jumping knowledge / a final linear layer cannot be split "
                         "yet; build GCN(..., jk=None)")
-    for i, norm in enumerate(model.norms):
-        if not isinstance(norm, torch.nn.Identity):
-            raise TypeError(f"'{name}.norms.{i}' is a {type(norm).__name__}: normalization "
-                            "layers cannot be split yet; build GCN(..., norm=None)")
+    for i, norm in enumerate(model.norms or []):
+        if norm_kind(norm) is None:
+            raise TypeError(f"'{name}.norms.{i}' is a {norm!r}: only "
+                            f"{', '.join(SPLITTABLE_NORMS)} can be split over a grid; build "
+                            "GCN(..., norm='batch_norm'), 'layer_norm' or None")
     if model.act is not None and not isinstance(model.act, _ELEMENTWISE):
         raise TypeError(f"'{name}.act' is a {type(model.act).__name__}: only element-wise "
                         "activations can be split")
@@ -79,9 +83,11 @@ class Grid3DGCN(GridModule):
         self.num_layers = len(model.convs)
         self.in_channels = model.convs[0].in_channels
         self.out_channels = model.convs[-1].out_channels
+        self.hidden_channels = [conv.out_channels for conv in model.convs]
         self.act = model.act
         self.dropout = float(model.dropout.p)
-        self.has_bias = []
+        self.act_first = bool(getattr(model, "act_first", False))
+        self.has_bias, self.norms = [], []
         for layer, conv in enumerate(model.convs, start=1):
             r, c, t = layer_axes(layer)
             prefix = f"convs.{layer - 1}"
@@ -90,6 +96,38 @@ class Grid3DGCN(GridModule):
             self.has_bias.append(conv.bias is not None)
             if conv.bias is not None:
                 self.keep(f"b{layer}", conv.bias, f"{prefix}.bias", (r, ), (t, ))
+            if layer < self.num_layers:
+                self._keep_norm(model.norms[layer - 1] if model.norms else None, layer)
+
+    def _keep_norm(self, norm: Optional[torch.nn.Module], layer: int) -> None:
+        # After layer `layer` the features are in (t, r): channel blocks over r, gradients of
+        # the affine blocks summed over t (the other rows).
+        r, _, t = layer_axes(layer)
+        kind = "identity" if norm is None else norm_kind(norm)
+        prefix = f"norms.{layer - 1}"
+        self.norms.append((kind, norm))
+        if kind == "batch":
+            prefix, norm = prefix + ".module", norm.module
+            if norm.track_running_stats:
+                self.keep_buffer(f"rm{layer}", norm.running_mean, f"{prefix}.running_mean", (r, ))
+                self.keep_buffer(f"rv{layer}", norm.running_var, f"{prefix}.running_var", (r, ))
+                self.keep_buffer(f"nbt{layer}", norm.num_batches_tracked,
+                                 f"{prefix}.num_batches_tracked", ())
+        for part in ("weight", "bias"):
+            value = getattr(norm, part, None) if kind != "identity" else None
+            if isinstance(value, torch.nn.Parameter):
+                self.keep(f"norm_{part}{layer}", value, f"{prefix}.{part}", (r, ), (t, ))
+
+    def _norm(self, x: Tensor, layer: int, n: int) -> Tensor:
+        kind, norm = self.norms[layer - 1]
+        if kind == "identity":
+            return x
+        r, _, t = layer_axes(layer)
+        running = tuple(getattr(self, f"{k}{layer}") for k in ("rm", "rv", "nbt")) \
+            if hasattr(self, f"rm{layer}") else None
+        return split_norm(kind, x, norm, getattr(self, f"norm_weight{layer}", None),
+                          getattr(self, f"norm_bias{layer}", None), self.mesh.group, t, r, n,
+                          self.hidden_channels[layer - 1], self.training, running)
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor] = None,
                 **kwargs) -> Tensor:
@@ -102,8 +140,11 @@ class Grid3DGCN(GridModule):
                                    edge_weight, n)  # (t, r)
             if self.has_bias[layer - 1]:
                 out = out + getattr(self, f"b{layer}")
-            if layer < self.num_layers:
-                if self.act is not None:
+            if layer < self.num_layers:  # as BasicGNN: [act], norm, [act], dropout
+                if self.act is not None and self.act_first:
+                    out = self.act(out)
+                out = self._norm(out, layer, n)
+                if self.act is not None and not self.act_first:
                     out = self.act(out)
                 out = self.dropout_mask(out, self.dropout, layer, t, r)
             feats = out

@@ -31,6 +31,7 @@ class _Block:
     shape: Tuple[int, ...]          # full shape, in the block's orientation
     split: Tuple[Optional[str], ...]  # axis splitting each dimension (None: whole)
     sum_over: Tuple[str, ...]       # axes the gradient is summed over
+    buffer: bool = False            # a buffer (running statistics), not a parameter
 
 
 class _GatherRows(torch.autograd.Function):
@@ -89,6 +90,15 @@ class GridModule(torch.nn.Module):
         self._blocks[name] = info
         self.register_parameter(name, torch.nn.Parameter(value[self._index(info)].clone()))
 
+    def keep_buffer(self, name: str, full: Tensor, key: str,
+                    split: Sequence[Optional[str]]) -> None:
+        r"""Registers this process's block of the buffer :obj:`full` (``key`` in the
+        single-process ``state_dict``, e.g. running statistics) as buffer :obj:`name`; its
+        processes along the axes not splitting it hold equal copies."""
+        info = _Block(key, False, tuple(full.shape), tuple(split), (), buffer=True)
+        self._blocks[name] = info
+        self.register_buffer(name, full.detach()[self._index(info)].clone())
+
     def _index(self, info: _Block) -> tuple:
         return tuple(self._cols(n, axis) for n, axis in zip(info.shape, info.split))
 
@@ -96,11 +106,11 @@ class GridModule(torch.nn.Module):
         r"""``(name, block, index into the full parameter)`` of every block held; the full
         parameter is the single-process one, transposed for linear weights (``(in, out)``)."""
         return [(name, getattr(self, name), self._index(info))
-                for name, info in self._blocks.items()]
+                for name, info in self._blocks.items() if not info.buffer]
 
     def full_state_dict(self) -> Dict[str, Tensor]:
-        r"""The single-process ``state_dict`` of the split weights, assembled from every
-        process's blocks (a collective over the replica's grid)."""
+        r"""The single-process ``state_dict`` of the split weights (and buffers), assembled
+        from every process's blocks (a collective over the replica's grid)."""
         out: Dict[str, Tensor] = {}
         for name, info in self._blocks.items():
             param = getattr(self, name).detach()
@@ -131,7 +141,7 @@ class GridModule(torch.nn.Module):
         share of it, then averages over the data-parallel replicas (call after backward)."""
         for name, info in self._blocks.items():
             p = getattr(self, name)
-            if p.grad is None:
+            if info.buffer or p.grad is None:
                 continue
             grad = p.grad
             for axis in info.sum_over:

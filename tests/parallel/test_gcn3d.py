@@ -18,49 +18,94 @@ def _batch():
     return x, ei, w, y
 
 
-def _model():
+# Normalizations between the layers: (norm, norm_kwargs, act_first).
+NORMS = {
+    "none": (None, None, False),
+    "batch_norm": ("batch_norm", None, False),
+    "batch_norm act_first": ("batch_norm", None, True),
+    "layer_norm graph": ("layer_norm", None, False),
+    "layer_norm node": ("layer_norm", {"mode": "node"}, False),
+}
+
+
+def _model(norm="none"):
     torch.manual_seed(0)
-    return GCN(D_IN, HIDDEN, LAYERS, CLASSES, normalize=False)
+    kind, kwargs, act_first = NORMS[norm]
+    model = GCN(D_IN, HIDDEN, LAYERS, CLASSES, normalize=False, norm=kind, norm_kwargs=kwargs,
+                act_first=act_first)
+    with torch.no_grad():  # affine weights away from 1 and 0, so that their use is checked
+        for name, p in model.named_parameters():
+            if name.startswith("norms."):
+                p.add_(0.3 * torch.randn_like(p))
+    return model
 
 
-def _run(rank, world_size, grid):
-    mesh = FourDMesh.create(FourDDims.of(1, grid))
+def _rel(a, b, floor=1e-12):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(floor))
+
+
+def _compare(mesh, norm):
     x, ei, w, y = _batch()
-    ref = _model()
+    ref = _model(norm)
     ref_logits = ref(x, ei, w)
     torch.nn.functional.cross_entropy(ref_logits, y).backward()
-    split = Grid3DGCN(_model(), mesh)
+    split = Grid3DGCN(_model(norm), mesh)
     logits = split(x, ei, w)
     torch.nn.functional.cross_entropy(logits, y).backward()
     split.reduce_gradients()
 
-    def rel(a, b):
-        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
-
     grads = dict(ref.named_parameters())
-    errors = {"logits": rel(logits.detach(), ref_logits.detach())}
+    scale = max(float(p.grad.abs().max()) for p in grads.values())
+    errors = {"logits": _rel(logits.detach(), ref_logits.detach())}
     for name, param, index in split.blocks():
         info = split._blocks[name]
         full = grads[info.key].grad
         full = full.t() if info.transpose else full
-        errors[name] = rel(param.grad, full[index])
-    state = split.full_state_dict()
-    errors["state"] = max(rel(state[k], v) for k, v in _model().state_dict().items()
-                          if k in state)
-    assert set(state) == {k for k, _ in ref.named_parameters()}
+        # A bias before BatchNorm or graph-mode LayerNorm has no effect (they subtract the
+        # mean): its gradient is zero up to rounding, so its error is taken against the
+        # largest gradient of the model.
+        shift_invariant = name[0] == "b" and NORMS[norm][0] is not None and \
+            NORMS[norm][1] is None and int(name[1:]) < LAYERS
+        errors[name] = _rel(param.grad, full[index], floor=scale if shift_invariant else 1e-12)
+    # After the training step: the running statistics too (BatchNorm), then evaluation.
+    state, ref_state = split.full_state_dict(), ref.state_dict()
+    assert set(state) == set(ref_state), (set(state) ^ set(ref_state))
+    errors["state"] = max(_rel(state[k].double(), v.double()) for k, v in ref_state.items())
+    split.eval(), ref.eval()
+    with torch.no_grad():
+        errors["eval logits"] = _rel(split(x, ei, w), ref(x, ei, w))
+    return {f"{norm}: {k}": v for k, v in errors.items()}
+
+
+def _run(rank, world_size, grid, norms):
+    mesh = FourDMesh.create(FourDDims.of(1, grid))
+    errors = {}
+    for norm in norms:
+        errors.update(_compare(mesh, norm))
     return errors
 
 
 @pytest.mark.parametrize("grid", [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1)])
 def test_split_gcn_equals_pyg(grid):
-    for errors in run_distributed(_run, grid[0] * grid[1] * grid[2], grid, timeout_s=240):
+    for errors in run_distributed(_run, grid[0] * grid[1] * grid[2], grid, ["none"],
+                                  timeout_s=240):
+        assert max(errors.values()) <= 1e-5, errors
+
+
+@pytest.mark.parametrize("grid", [(2, 2, 1), (1, 2, 2)])
+def test_split_gcn_with_normalization_equals_pyg(grid):
+    # Three layers: the norm after layer 1 has its rows split over z and channels over x,
+    # after layer 2 rows over y and channels over z (pmm.layer_axes); the two grids split
+    # rows, channels and both.
+    norms = [n for n in NORMS if n != "none"]
+    for errors in run_distributed(_run, 4, grid, norms, timeout_s=240):
         assert max(errors.values()) <= 1e-5, errors
 
 
 def test_what_cannot_be_split_is_refused_by_name():
     with pytest.raises(TypeError, match="normalize=False"):
         check_convertible(GCN(4, 8, 2, 3), "model")
-    with pytest.raises(TypeError, match="norms.0"):
-        check_convertible(GCN(4, 8, 2, 3, normalize=False, norm="batch_norm"), "model")
+    with pytest.raises(TypeError, match="norms.0.*GraphNorm"):
+        check_convertible(GCN(4, 8, 2, 3, normalize=False, norm="graph_norm"), "model")
     with pytest.raises(TypeError, match="Linear"):
         check_convertible(torch.nn.Linear(3, 3), "head")
