@@ -1,31 +1,41 @@
 #!/usr/bin/env python
-"""FourDStrategy (ScaleGNN) against full-graph training: accuracy, bytes, step time.
+"""FourDStrategy (ScaleGNN) against full-graph training and PyG's NeighborLoader with DDP.
 
 Usage::
 
     python benchmarks/fourd.py                        # Cora, 4 processes
-    python benchmarks/fourd.py --dataset synthetic:nodes=100000,degree=10,features=128
+    python benchmarks/fourd.py --dataset synthetic:nodes=100000,degree=10,features=128 \
+        --epochs 30 --seeds 0
     python benchmarks/fourd.py --json > out.json      # only the JSON on stdout
 
-Every configuration is one ``lightning-fullgraph train --json`` run on ``--devices``
-processes (runs are stored in ``--runs`` and reused):
+Every configuration is one ``lightning-fullgraph train --json`` run (runs are stored in
+``--runs`` and reused), on ``--devices`` processes unless it says otherwise:
 
-=====================  =================================================================
-``fullgraph gcn``      FullGraphStrategy, GCN, hybrid aggregation (every node every epoch)
-``4d dp gcn``          FourDStrategy, grid (1,1,1): data parallel on sampled mini-batches
-``4d dp scalegnn``     the same with ScaleGNN's model (residual GCN, RMSNorm)
-``4d grid scalegnn``   ScaleGNN split over a (2,2,1) grid, one replica
-``4d dp2 x grid``      two replicas of a (2,1,1) grid
-``... bf16``           the grid's partial sums as bfloat16 (``--bf16-comm``)
-=====================  =================================================================
+=======================  ===============================================================
+``pyg single gcn``       plain PyG, full batch, **one** process (the memory reference)
+``pyg neighbor sage``    what a PyG user picks instead: ``NeighborLoader`` GraphSAGE
+                         (fan-out 25, 10), data parallel with Lightning's DDP
+``fullgraph gcn``        FullGraphStrategy, GCN, hybrid aggregation (every node every epoch)
+``4d dp gcn``            FourDStrategy, grid (1,1,1): data parallel on sampled mini-batches
+``4d dp scalegnn``       the same with ScaleGNN's model (residual GCN, RMSNorm)
+``4d grid scalegnn``     ScaleGNN split over a (2,2,1) grid, one replica
+``4d dp2 x grid``        two replicas of a (2,1,1) grid
+``... bf16``             the grid's partial sums as bfloat16 (``--bf16-comm``)
+=======================  ===============================================================
 
 A 4d epoch is ``ceil(N / B)`` steps of ``B`` sampled vertices (default a quarter of the
-graph); bytes are per rank per epoch: halo rows for full-graph training (its gradient
-all-reduce is not counted), and for 4d every collective of the grid and the replicas (the
-parallel products, the logits gathered, the weight-gradient all-reduces; a ring all-reduce
-counted as 2 (g - 1) / g of its payload).  "train ms/epoch" sums the training steps of an
-epoch (median over epochs); "RSS" is rank 0's peak; "sampling hidden" is the share of the
-time spent drawing batches that prefetching overlapped with training.
+graph); a NeighborLoader epoch covers every training node once, ``--neighbor-batch`` seed
+nodes per step and process.  Bytes are per rank: halo rows for full-graph training (its
+gradient all-reduce is not counted), every collective of the grid and the replicas for 4d
+(the parallel products, the logits gathered, the weight-gradient all-reduces), DDP's
+gradient all-reduces for NeighborLoader (counted by a communication hook); a ring
+all-reduce counts 2 (g - 1) / g of its payload.  "train ms/ep" sums the training steps of
+an epoch (median over epochs).  "to target" is the training time (validation excluded) until
+the validation accuracy first reaches the target (``--target``, default 95 % of full-graph
+GCN's mean best validation accuracy; validated every ``--val-every`` epochs), median over the
+seeds that reached it.  "RSS" is rank 0's peak, also as a share of the single process's;
+"sampling hidden" is the share of the time spent drawing 4d batches that prefetching
+overlapped with training.
 """
 from __future__ import annotations
 
@@ -40,16 +50,26 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from training_runs import Runs, train  # noqa: E402
 
+# name -> (model, train flags, processes: None = --devices)
 CONFIGS = {
-    "fullgraph gcn": ("gcn", ()),
-    "4d dp gcn": ("gcn", ("--strategy", "4d", "--grid", "1,1,1")),
-    "4d dp scalegnn": ("scalegnn", ("--strategy", "4d", "--grid", "1,1,1", "--layers", "3")),
-    "4d grid scalegnn": ("scalegnn", ("--strategy", "4d", "--grid", "2,2,1", "--layers", "3")),
+    "pyg single gcn": ("gcn", ("--strategy", "pyg"), 1),
+    "pyg neighbor sage": ("sage", ("--strategy", "pyg", "--loader", "neighbor"), None),
+    "fullgraph gcn": ("gcn", (), None),
+    "4d dp gcn": ("gcn", ("--strategy", "4d", "--grid", "1,1,1"), None),
+    "4d dp scalegnn": ("scalegnn", ("--strategy", "4d", "--grid", "1,1,1", "--layers", "3"),
+                       None),
+    "4d grid scalegnn": ("scalegnn", ("--strategy", "4d", "--grid", "2,2,1", "--layers", "3"),
+                         None),
     "4d dp2 x grid": ("scalegnn", ("--strategy", "4d", "--dp", "2", "--grid", "2,1,1",
-                                   "--layers", "3")),
+                                   "--layers", "3"), None),
     "4d grid bf16": ("scalegnn", ("--strategy", "4d", "--grid", "2,2,1", "--layers", "3",
-                                  "--bf16-comm")),
+                                  "--bf16-comm"), None),
 }
+REFERENCE, SINGLE = "fullgraph gcn", "pyg single gcn"
+
+
+def _time_to(trace, target):
+    return next((seconds for _, seconds, acc in trace if acc >= target), None)
 
 
 def main() -> None:
@@ -60,44 +80,84 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    p.add_argument("--runs", default=str(ROOT / "benchmarks" / "results" / "fourd.jsonl"))
+    p.add_argument("--val-every", type=int, default=5, help="epochs between validations")
+    p.add_argument("--neighbor-batch", type=int, default=32,
+                   help="NeighborLoader seed nodes per step and process (default 32: Cora's "
+                        "140 training nodes make 2 steps per process and epoch at 4 processes)")
+    p.add_argument("--target", type=float, default=None,
+                   help="validation accuracy for 'to target' (default: 95 %% of full-graph "
+                        "GCN's mean best validation accuracy)")
+    p.add_argument("--runs", default=str(ROOT / "benchmarks" / "results" / "fourd-v2.jsonl"))
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     runs = Runs(Path(args.runs) if args.runs else None)
+    configs = list(args.configs)
+    if args.target is None and REFERENCE not in configs:
+        configs.insert(0, REFERENCE)  # the target is taken from it
+    done_by = {}
+    for name in configs:
+        model, flags, processes = CONFIGS[name]
+        flags = flags + ("--val-every", str(args.val_every))
+        if "neighbor" in flags:
+            flags = flags + ("--batch-size", str(args.neighbor_batch))
+        done_by[name] = [train(runs, processes or args.devices, args.dataset, model, name, flags,
+                               seed, args.epochs, args.hidden) for seed in args.seeds]
+        print(f"[fourd] {name}: {statistics.mean(r['test_acc'] for r in done_by[name]):.4f}",
+              file=sys.stderr, flush=True)
+    target = args.target
+    if target is None:
+        best = [max(acc for _, _, acc in r["val_trace"]) for r in done_by[REFERENCE]]
+        target = 0.95 * statistics.mean(best)
+    single_rss = statistics.mean(r["peak_rss_MiB"] for r in done_by[SINGLE]) \
+        if SINGLE in done_by else None
     rows = []
     for name in args.configs:
-        model, flags = CONFIGS[name]
-        done = [train(runs, args.devices, args.dataset, model, name, flags, seed, args.epochs,
-                      args.hidden) for seed in args.seeds]
+        model, flags, _ = CONFIGS[name]
+        done = done_by[name]
         acc = [r["test_acc"] for r in done]
+        reached = [t for t in (_time_to(r["val_trace"], target) for r in done) if t is not None]
+        mb = statistics.mean(r["comm_MB_per_epoch_per_rank"] or 0.0 for r in done)
+        steps = done[0].get("train_steps_per_epoch") or 1
+        rss = statistics.mean(r.get("peak_rss_MiB") or 0.0 for r in done)
         rows.append({
             "config": name, "model": model, "flags": list(flags), "dataset": args.dataset,
-            "processes": args.devices, "epochs": args.epochs, "seeds": args.seeds,
+            "processes": done[0]["processes"], "epochs": args.epochs, "seeds": args.seeds,
             "test_acc": acc, "test_acc_mean": statistics.mean(acc),
             "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
-            "MB_per_epoch_per_rank": statistics.mean(r["comm_MB_per_epoch_per_rank"] or 0.0
-                                                     for r in done),
+            "best_val_acc_mean": statistics.mean(max(a for _, _, a in r["val_trace"])
+                                                 for r in done),
+            "target_val_acc": target,
+            "time_to_target_s": statistics.median(reached) if reached else None,
+            "reached_target": f"{len(reached)}/{len(done)}",
+            "MB_per_epoch_per_rank": mb, "steps_per_epoch": steps,
+            "MB_per_step_per_rank": mb / steps,
             "step_s": statistics.median(r["train_step_seconds"] or 0.0 for r in done),
             "fit_s": statistics.median(r["fit_seconds"] for r in done),
             "batch_size": done[0].get("batch_size"),
-            "peak_rss_MiB_rank0": statistics.mean(r.get("peak_rss_MiB") or 0.0 for r in done),
+            "peak_rss_MiB_rank0": rss,
+            "rss_vs_single": rss / single_rss if single_rss else None,
             "sampling_hidden_frac": done[0].get("sampling_hidden_frac"),
         })
-        print(f"[fourd] {name}: {rows[-1]['test_acc_mean']:.4f}", file=sys.stderr, flush=True)
-    result = {"rows": rows}
+    result = {"target_val_acc": target, "rows": rows}
     if args.json:
         print(json.dumps(result, indent=2))
         return
     print(json.dumps(result))
-    print(f"{'config':18} {'test acc (%)':>14} {'MB/epoch/rank':>14} {'train ms/ep':>11} "
-          f"{'fit s':>7} {'batch':>6} {'RSS MiB':>8} {'sampling hidden':>15}")
+    print(f"target validation accuracy: {100 * target:.2f} %")
+    print(f"{'config':18} {'P':>2} {'test acc (%)':>14} {'to target s':>12} {'MB/step/rank':>12} "
+          f"{'MB/ep/rank':>10} {'train ms/ep':>11} {'batch':>6} {'RSS MiB':>8} {'×single':>7} "
+          f"{'sampling hidden':>15}")
     for r in rows:
-        hidden = r["sampling_hidden_frac"]
-        print(f"{r['config']:18} {100 * r['test_acc_mean']:7.2f} ± {100 * r['test_acc_std']:4.2f} "
-              f"{r['MB_per_epoch_per_rank']:14.4f} {1000 * r['step_s']:11.1f} {r['fit_s']:7.1f} "
-              f"{r['batch_size'] or '':>6} {r['peak_rss_MiB_rank0']:8.0f} "
+        hidden, t, share = r["sampling_hidden_frac"], r["time_to_target_s"], r["rss_vs_single"]
+        got, total = r["reached_target"].split("/")
+        reach = "never" if t is None else f"{t:.2f}"
+        reach += "" if got == total else f" ({got}/{total})"
+        print(f"{r['config']:18} {r['processes']:>2} {100 * r['test_acc_mean']:7.2f} ± "
+              f"{100 * r['test_acc_std']:4.2f} {reach:>12} "
+              f"{r['MB_per_step_per_rank']:12.4f} {r['MB_per_epoch_per_rank']:10.4f} "
+              f"{1000 * r['step_s']:11.1f} {r['batch_size'] or '':>6} "
+              f"{r['peak_rss_MiB_rank0']:8.0f} {'' if share is None else f'{share:.2f}':>7} "
               f"{'' if hidden is None else f'{100 * hidden:.0f} %':>15}")
-
 
 if __name__ == "__main__":
     main()

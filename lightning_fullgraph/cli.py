@@ -14,6 +14,7 @@ __all__ = ["main", "build_parser"]
 _EPILOG = """examples:
   lightning-fullgraph train                              # GCN on Cora, 4 processes
   lightning-fullgraph train --devices 1 --strategy pyg   # the same on one process, plain PyG
+  lightning-fullgraph train --strategy pyg --loader neighbor --model sage  # NeighborLoader + DDP
   lightning-fullgraph train --dataset synthetic:nodes=200000,degree=10 --model sage --json
   lightning-fullgraph partition --dataset cora --parts 4 --out parts/cora-4
   lightning-fullgraph train --dataset parts/cora-4 --devices 4
@@ -85,21 +86,35 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--devices", type=int, default=4, help="processes (default: 4)")
     t.add_argument("--num-nodes", type=int, default=1, help="machines (multi-node)")
     t.add_argument("--strategy", default="fullgraph", choices=["fullgraph", "pyg", "4d"],
-                   help="'fullgraph' (partitioned), 'pyg' (PyG's LightningNodeData on "
-                        "one process, for comparison) or '4d' (ScaleGNN: sampled mini-batches, "
-                        "--dp replicas x a --grid of processes)")
+                   help="'fullgraph' (partitioned), 'pyg' (plain PyG's LightningNodeData, for "
+                        "comparison: full batch on one process, or with --loader neighbor "
+                        "NeighborLoader mini-batches data parallel over --devices with DDP) "
+                        "or '4d' (ScaleGNN: sampled mini-batches, --dp replicas x a --grid "
+                        "of processes)")
+    t.add_argument("--loader", default="full", choices=["full", "neighbor"],
+                   help="pyg: 'full' (one process, whole graph) or 'neighbor' (PyG's "
+                        "NeighborLoader: --batch-size seed nodes per step and process, "
+                        "--num-neighbors per layer; needs torch-sparse or pyg-lib)")
+    t.add_argument("--num-neighbors", default=None, metavar="K1,K2,...",
+                   help="pyg --loader neighbor: neighbours sampled per layer (default 25 "
+                        "for the first layer, 10 for the others)")
     t.add_argument("--dp", type=int, default=None,
                    help="4d: data-parallel replicas (default: devices x nodes / grid size)")
     t.add_argument("--grid", default="1,1,1", metavar="X,Y,Z",
                    help="4d: processes per replica along x, y, z (default 1,1,1: data "
                         "parallel only)")
     t.add_argument("--batch-size", type=int, default=None,
-                   help="4d: vertices sampled per step (default: a quarter of the graph)")
+                   help="4d: vertices sampled per step (default: a quarter of the graph); "
+                        "pyg --loader neighbor: seed nodes per step and process (default 512)")
     t.add_argument("--bf16-comm", action="store_true",
                    help="4d: the grid's partial sums cross the wire as bfloat16 (lossy)")
     t.add_argument("--steps-per-epoch", type=int, default=None,
                    help="4d: steps per epoch (default: nodes / batch size, rounded up)")
     t.add_argument("--epochs", type=int, default=200)
+    t.add_argument("--val-every", type=int, default=None, metavar="N",
+                   help="validate every N epochs (default: 20 validations per run); the "
+                        "--json summary's val_trace gives training seconds and accuracy at "
+                        "each, for time-to-accuracy comparisons")
     t.add_argument("--hidden", type=int, default=16, help="hidden channels")
     t.add_argument("--layers", type=int, default=2, help="message-passing layers")
     t.add_argument("--dropout", type=float, default=0.5)
@@ -301,6 +316,7 @@ def _train(args) -> int:
     import lightning.pytorch as pl
 
     from . import CommunicationMonitor, FullGraphDataModule, FullGraphStrategy
+    from .callbacks import ValidationTrace
     from .module import NodeClassifier, build_model
 
     if args.adaptive_bits and (args.strategy != "fullgraph"
@@ -315,6 +331,9 @@ def _train(args) -> int:
                          f"(got --strategy {args.strategy} --codec {args.codec})")
     if args.model == "scalegnn" and args.strategy != "4d":
         raise ValueError("--model scalegnn trains on sampled mini-batches: use --strategy 4d")
+    if args.loader != "full" and args.strategy != "pyg":
+        raise ValueError(f"--loader {args.loader} is PyG's own mini-batch training: use "
+                         f"--strategy pyg (got --strategy {args.strategy})")
     pl.seed_everything(args.seed, verbose=False)
     if args.strategy == "4d":
         from .data.sampled import SampledNodeDataModule
@@ -331,11 +350,22 @@ def _train(args) -> int:
     elif args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
         data = _load(args)
-        datamodule = LightningNodeData(data, loader="full")
         num_features, num_classes = data.num_features, int(data.y.max()) + 1
-        strategy, devices, callbacks = "auto", 1, []
-        if args.devices != 1:
-            print("note: --strategy pyg runs on one process", file=sys.stderr)
+        callbacks = [CommunicationMonitor()]
+        if args.loader == "neighbor":
+            fanout = _num_neighbors(args)
+            _require_neighbor_sampling()
+            datamodule = LightningNodeData(data, loader="neighbor", num_neighbors=fanout,
+                                           batch_size=args.batch_size or 512,
+                                           pin_memory=False)
+            distributed = args.devices * args.num_nodes > 1
+            strategy, devices = ("ddp" if distributed else "auto"), args.devices
+        else:
+            datamodule = LightningNodeData(data, loader="full")
+            strategy, devices = "auto", 1
+            if args.devices != 1:
+                print("note: --strategy pyg runs on one process (--loader neighbor trains "
+                      "data parallel)", file=sys.stderr)
     else:
         # Only local rank 0 of each node touches the global graph (in prepare_data: it
         # validates, partitions or hits the cache); every rank then loads its own part.
@@ -375,6 +405,8 @@ def _train(args) -> int:
         return build_model(args.model, in_channels, args.hidden, out_channels,
                            num_layers=args.layers, dropout=args.dropout, norm=args.norm)
 
+    trace = ValidationTrace()
+    callbacks.append(trace)
     if num_features is not None:
         model = model(num_features, num_classes)
     module = NodeClassifier(model, num_classes, lr=args.lr, weight_decay=args.weight_decay,
@@ -383,7 +415,7 @@ def _train(args) -> int:
                          num_nodes=args.num_nodes, strategy=strategy,
                          max_epochs=args.epochs, logger=False, enable_checkpointing=False,
                          enable_model_summary=False, num_sanity_val_steps=0,
-                         check_val_every_n_epoch=max(1, args.epochs // 20),
+                         check_val_every_n_epoch=args.val_every or max(1, args.epochs // 20),
                          enable_progress_bar=not (args.no_progress or args.json),
                          callbacks=callbacks)
     start = time.perf_counter()
@@ -408,9 +440,13 @@ def _train(args) -> int:
         "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
         "boundary_sampling": args.boundary_sampling if args.strategy == "fullgraph" else None,
         "overlap": bool(args.overlap) if args.strategy == "fullgraph" else None,
+        "loader": args.loader if args.strategy == "pyg" else None,
+        "num_neighbors": _num_neighbors(args) if args.loader == "neighbor" else None,
         "dp": strategy.dims.dp if fourd else None,
         "grid": list(strategy.grid) if fourd else None,
-        "batch_size": datamodule.sampler.batch_size if fourd else None,
+        "batch_size": datamodule.sampler.batch_size if fourd
+        else (args.batch_size or 512) if args.loader == "neighbor" else None,
+        "train_steps_per_epoch": trainer.num_training_batches,
         "bf16_comm": bool(args.bf16_comm) if fourd else None,
         "sampling_s_per_epoch": datamodule.sample_seconds / max(1, args.epochs) if fourd
         else None,
@@ -419,6 +455,9 @@ def _train(args) -> int:
         # This process's peak resident memory (rank 0's, the one that prints).
         "peak_rss_MiB": _peak_rss_mib(),
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
+        # [epoch, seconds of training so far, validation accuracy] at every validation.
+        "val_trace": [[p["epoch"], round(p["train_s"], 4), p["val_acc"]]
+                      for p in trace.points],
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),
         "comm_MB_per_epoch_per_rank": comm.get("comm/sent_MB"),
@@ -435,6 +474,30 @@ def _train(args) -> int:
         else:
             _print_summary(summary)
     return 0
+
+
+def _num_neighbors(args) -> List[int]:
+    if args.num_neighbors is None:
+        return [25] + [10] * (args.layers - 1)
+    try:
+        fanout = [int(v) for v in args.num_neighbors.split(",")]
+    except ValueError:
+        fanout = []
+    if len(fanout) != args.layers or any(k == 0 or k < -1 for k in fanout):
+        raise ValueError(f"--num-neighbors needs one count per layer ({args.layers} for "
+                         f"--layers {args.layers}), each >= 1 or -1 for all, e.g. 25,10 "
+                         f"(got {args.num_neighbors!r})")
+    return fanout
+
+
+def _require_neighbor_sampling() -> None:
+    import torch_geometric.typing as pyg_typing
+    if not (pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE):
+        raise ImportError("--loader neighbor uses PyG's NeighborLoader, which needs pyg-lib "
+                          "or torch-sparse; neither is installed. Install one of them (pyg-lib "
+                          "wheels: https://data.pyg.org/whl/; or build torch-sparse: pip "
+                          "install --no-build-isolation torch-scatter torch-sparse), or use "
+                          "--loader full")
 
 
 def _load(args):

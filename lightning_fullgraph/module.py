@@ -41,7 +41,8 @@ def build_model(name: str, in_channels: int, hidden_channels: int, out_channels:
 
 
 class NodeClassifier(pl.LightningModule):
-    r"""Full-batch node classification with cross-entropy on ``train_mask``.
+    r"""Node classification with cross-entropy on ``train_mask`` (full batch), or on the
+    seed nodes of a ``NeighborLoader`` mini-batch (the first ``batch.batch_size`` nodes).
 
     Args:
         model (torch.nn.Module or Callable): A PyG model called as
@@ -94,16 +95,27 @@ class NodeClassifier(pl.LightningModule):
         return getattr(batch, "edge_weight", None) if self.hparams.get("use_edge_weight") \
             else None
 
+    @staticmethod
+    def _targets(batch, mask_name: str):
+        # A NeighborLoader mini-batch (``batch.batch_size`` set) puts its seed nodes first
+        # and scores only those: the other nodes are sampled neighbours, some of them in
+        # the mask too, whose embeddings lack part of their neighbourhood.
+        seeds = getattr(batch, "batch_size", None)
+        if isinstance(seeds, int):
+            return torch.arange(seeds, device=batch.y.device)
+        return batch[mask_name]
+
     def training_step(self, batch, _):
         out = self(batch.x, batch.edge_index, self._weight(batch))
-        loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
-        self.train_acc(out[batch.train_mask].argmax(-1), batch.y[batch.train_mask])
+        mask = self._targets(batch, "train_mask")
+        loss = F.cross_entropy(out[mask], batch.y[mask])
+        self.train_acc(out[mask].argmax(-1), batch.y[mask])
         self.log("train_loss", loss, prog_bar=True, batch_size=1)
         self.log("train_acc", self.train_acc, batch_size=1)
         return loss
 
     def _evaluate(self, batch, mask_name: str, metric, name: str) -> None:
-        mask = batch[mask_name]
+        mask = self._targets(batch, mask_name)
         out = self(batch.x, batch.edge_index, self._weight(batch))
         metric(out[mask].argmax(-1), batch.y[mask])
         self.log(name, metric, prog_bar=True, batch_size=1)

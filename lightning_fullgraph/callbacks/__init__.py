@@ -4,7 +4,8 @@ from .cache_threshold import AdaptiveCacheThreshold, CacheThresholdController
 from .communication import CommunicationMonitor
 from .pipeline_adaptor import PipelineAdaptor, PipelineController
 from .random_state import RandomStateCheckpoint
+from .validation_trace import ValidationTrace
 
 __all__ = ["CommunicationMonitor", "RandomStateCheckpoint", "AdaptiveBitWidth",
            "BitWidthController", "apply_bit_width", "exchange_codecs", "AdaptiveCacheThreshold",
-           "CacheThresholdController", "PipelineAdaptor", "PipelineController"]
+           "CacheThresholdController", "PipelineAdaptor", "PipelineController", "ValidationTrace"]

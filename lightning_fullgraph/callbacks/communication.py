@@ -34,6 +34,14 @@ class CommunicationMonitor(Callback):
     :attr:`history` (one dictionary per epoch); :meth:`run_mean` averages the reduced figures
     over every epoch of the run (the bytes of a run whose width or cache changes per epoch).
 
+    Strategies without a halo exchange log ``comm/sent_MB`` and ``comm/step_s`` too:
+    :class:`~lightning_fullgraph.FourDStrategy` its grid's and replicas' collectives, and a
+    plain data-parallel ``DistributedDataParallel`` model (Lightning's ``"ddp"``, e.g. PyG's
+    ``NeighborLoader`` training) its gradient all-reduces, counted by a communication hook
+    that wraps DDP's default all-reduce (not installed when the strategy has its own
+    ``ddp_comm_hook``).  All-reduces are counted as a ring sends them: :math:`2 (g - 1) / g`
+    of the payload per process.
+
     Next to them, the planner's predictions (:mod:`lightning_fullgraph.planner`) for the same
     epoch: ``comm/predicted_sent_MB`` (mean over ranks, and ``_max``) and
     ``comm/predicted_received_MB`` from the engine's aggregation plans and the model's
@@ -68,6 +76,7 @@ class CommunicationMonitor(Callback):
         self._reduced: List[Dict[str, float]] = []
         self._step_start: Optional[float] = None
         self._step_seconds = 0.0
+        self._ddp_bytes: Optional[_AllReduceBytes] = None
 
     @staticmethod
     def _engine(trainer: "pl.Trainer"):
@@ -75,6 +84,7 @@ class CommunicationMonitor(Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         engine = self._engine(trainer)
+        self._ddp_bytes = _count_ddp_bytes(trainer)
         if self.predict and engine is not None:
             from ..planner.tracker import PredictionTracker
             if self.predictor is not None:
@@ -96,6 +106,15 @@ class CommunicationMonitor(Callback):
         # FourDStrategy: no halo engine; the grid's all-reduces are counted by parallel.pmm.
         return getattr(trainer.strategy, "strategy_name", None) == "4d"
 
+    def _collective_bytes(self, trainer: "pl.Trainer") -> Optional[float]:
+        # Strategies without a halo engine: what their collectives sent this epoch.
+        if self._grid(trainer):
+            from ..parallel import pmm
+            return pmm.bytes_sent()
+        if self._ddp_bytes is not None:
+            return self._ddp_bytes.sent()
+        return 0.0 if trainer.world_size == 1 else None  # one process sends nothing
+
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         engine = self._engine(trainer)
         if engine is not None:
@@ -103,6 +122,8 @@ class CommunicationMonitor(Callback):
         elif self._grid(trainer):
             from ..parallel import pmm
             pmm.reset_bytes()
+        elif self._ddp_bytes is not None:
+            self._ddp_bytes.payload = 0
         self._step_seconds = 0.0
         if self.predictor is not None:
             self.predictor.epoch_start()
@@ -137,9 +158,8 @@ class CommunicationMonitor(Callback):
         if self.predictor is not None:
             self.predictor.close()
 
-    def _grid_epoch_end(self, pl_module) -> None:
-        from ..parallel import pmm
-        values = torch.tensor([pmm.bytes_sent() / 1e6, self._step_seconds], dtype=torch.float64)
+    def _collective_epoch_end(self, pl_module, sent: float) -> None:
+        values = torch.tensor([sent / 1e6, self._step_seconds], dtype=torch.float64)
         peak = values.clone()
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(values)
@@ -148,8 +168,7 @@ class CommunicationMonitor(Callback):
         metrics = {"comm/sent_MB": values[0].item(), "comm/step_s": values[1].item(),
                    "comm/sent_MB_max": peak[0].item()}
         self.last = metrics
-        self.history.append({"comm/sent_MB": pmm.bytes_sent() / 1e6,
-                             "comm/step_s": self._step_seconds})
+        self.history.append({"comm/sent_MB": sent / 1e6, "comm/step_s": self._step_seconds})
         self._reduced.append(dict(metrics))
         for name, value in metrics.items():
             pl_module.log(name, value, prog_bar=self.prog_bar and name == "comm/sent_MB",
@@ -165,8 +184,9 @@ class CommunicationMonitor(Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         engine = self._engine(trainer)
         if engine is None:
-            if self._grid(trainer):
-                self._grid_epoch_end(pl_module)
+            sent = self._collective_bytes(trainer)
+            if sent is not None:
+                self._collective_epoch_end(pl_module, sent)
             return
         stats = engine.stats
         total = stats.total()
@@ -225,3 +245,38 @@ class CommunicationMonitor(Callback):
             shown = name == "comm/sent_MB" or (lossy and name in ("comm/bits", "comm/async"))
             pl_module.log(name, value, prog_bar=self.prog_bar and shown,
                           on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False)
+
+
+class _AllReduceBytes:
+    r"""State of a DDP communication hook that counts the gradient buckets it all-reduces."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.payload = 0
+
+    def sent(self) -> float:
+        # What one process sends in a ring all-reduce of the payload, as parallel.pmm counts.
+        g = self.world_size
+        return 2.0 * (g - 1) / g * self.payload
+
+
+def _counting_allreduce(state: _AllReduceBytes, bucket):  # DDP checks the annotations
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    buffer = bucket.buffer()
+    state.payload += buffer.numel() * buffer.element_size()
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def _count_ddp_bytes(trainer: "pl.Trainer") -> Optional[_AllReduceBytes]:
+    r"""Counts a plain ``DistributedDataParallel`` model's gradient all-reduces (DDP's own
+    default, unchanged), unless the user registered a communication hook of their own."""
+    from torch.nn.parallel import DistributedDataParallel
+    model = getattr(trainer.strategy, "model", None)
+    if not isinstance(model, DistributedDataParallel) or trainer.world_size < 2:
+        return None
+    state = _AllReduceBytes(trainer.world_size)
+    try:
+        model.register_comm_hook(state, _counting_allreduce)
+    except RuntimeError:  # a hook is registered already (DDPStrategy(ddp_comm_hook=...))
+        return None
+    return state

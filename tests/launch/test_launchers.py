@@ -90,3 +90,19 @@ def test_lightning_run_model(tmp_path):
     acc, procs = _accuracy(proc.stdout)
     assert procs == 2 and acc > 0.7
     assert "`fabric run`" in proc.stderr  # the one-line note on the current name
+
+
+@pytest.mark.multiprocess
+def test_torchrun_4d_equals_lightnings_launcher(tmp_path):
+    # FourDStrategy on processes torchrun created: the same training as Lightning's launcher.
+    import json
+    args = ["-m", "lightning_fullgraph.cli", "train", "--strategy", "4d", "--model",
+            "scalegnn", "--devices", "2", "--grid", "2,1,1", "--epochs", "2", "--hidden", "16",
+            "--layers", "3", "--json", "--no-progress"]
+    launched = json.loads(_run([sys.executable, *args], tmp_path))
+    torchrun = json.loads(_run([sys.executable, "-m", "torch.distributed.run",
+                                "--nproc-per-node", "2", *args], tmp_path))
+    assert torchrun["processes"] == launched["processes"] == 2
+    for key in ("test_acc", "val_acc", "comm_MB_per_epoch_per_rank"):
+        assert torchrun[key] == launched[key], key
+    assert [p[2] for p in torchrun["val_trace"]] == [p[2] for p in launched["val_trace"]]
