@@ -1,4 +1,4 @@
-"""Full-graph training in a Fabric script (``fabric run`` or ``Fabric(...).launch()``).
+"""Full-graph and 4-D training in a Fabric script (``fabric run`` or ``Fabric(...).launch()``).
 
 Fabric launches the processes and owns the process group; the engine does the
 rest.  The model is *not* passed through ``fabric.setup`` (that would wrap it in
@@ -14,16 +14,29 @@ DistributedDataParallel, whose gradient averaging is wrong for partitions)::
         out = model(data.x, data.edge_index)
         engine.backward(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]))
         optimizer.step()
+
+ScaleGNN's 4-D mini-batch training the same way (:func:`setup_fourd`; the model is split over
+the grid in place, and not passed through ``fabric.setup`` either)::
+
+    run = setup_fourd(fabric, model, "cora", batch_size=1024, grid=(2, 1, 1))
+    model = run.model  # the split model (a ScaleGNN or GCN itself is replaced)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for epoch in range(100):
+        for batch in run.train_batches():
+            optimizer.zero_grad()
+            out = model(batch.x, batch.edge_index, batch.edge_weight)
+            run.backward(F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask]))
+            optimizer.step()
 """
 from pathlib import Path
-from typing import Any, Iterable, Optional, Type, Union
+from typing import Any, Dict, Iterable, Iterator, Optional, Tuple, Type, Union
 
 import torch
 from torch_geometric.data import Data
 
 from .engine import Codec, FullGraphEngine
 
-__all__ = ["launch", "setup_fullgraph"]
+__all__ = ["launch", "setup_fullgraph", "setup_fourd", "FourDRun"]
 
 
 def launch(fabric: Any) -> Any:
@@ -103,3 +116,113 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
     engine.attach(model, trusted_layers=trusted_layers)
     engine.use_kernels(kernels)
     return engine
+
+
+class FourDRun:
+    r"""What :func:`setup_fourd` returns: the mesh, the model surgery and the sampled batches
+    of one process of a 4-D run.
+
+    Attributes:
+        mesh (FourDMesh): This process's groups (``dp``, ``x``, ``y``, ``z``, ``grid``).
+        surgery (GridSplit): The model's split (:meth:`teardown` puts the model back).
+        data (SampledNodeDataModule): The sampler and whole-graph batches, for this replica.
+    """
+
+    def __init__(self, fabric: Any, holder: torch.nn.Module, mesh: Any, surgery: Any,
+                 data: Any) -> None:
+        # The model sits in a holder so that a ScaleGNN or GCN passed itself can be replaced.
+        self.fabric, self._holder, self.mesh, self.surgery, self.data = \
+            fabric, holder, mesh, surgery, data
+
+    @property
+    def model(self) -> torch.nn.Module:
+        r"""The module to train: the model given, or its split when it is a ScaleGNN or
+        GCN itself (models inside it are split in place)."""
+        return self._holder.model
+
+    def train_batches(self) -> Iterator[Data]:
+        r"""This epoch's training batches, on Fabric's device (the next one is drawn in the
+        background while the current one trains)."""
+        for batch in self.data.train_dataloader():
+            yield batch.to(self.fabric.device)
+
+    def eval_batch(self) -> Data:
+        r"""The whole graph, for evaluation (every process evaluates all of it)."""
+        return self.data.batch(self.data.sampler.full()).to(self.fabric.device)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        r"""``loss.backward()``, then the gradients reduced over the grid and the replicas."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        earlier = [p.grad for p in params]
+        for p in params:  # reduce only what this backward adds
+            p.grad = None
+        loss.backward()
+        self.surgery.reduce_gradients(params)
+        for p, old in zip(params, earlier):
+            if old is not None:
+                p.grad = old if p.grad is None else old + p.grad
+
+    def state_dict(self) -> Dict[str, Any]:
+        r"""The model as one process holds it (a collective over the grid) and the sampler's
+        step, for ``fabric.save``."""
+        model = {k[len("model."):]: v for k, v in self.surgery.state_dict().items()}
+        return {"model": model, "data": self.data.state_dict()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.surgery.load_state_dict({"model." + k: v for k, v in state["model"].items()})
+        self.data.load_state_dict(state["data"])
+
+    def teardown(self) -> torch.nn.Module:
+        r"""Puts the original model back, with the trained weights (a collective); returns
+        it."""
+        self.surgery.revert(gather=True)
+        return self.model
+
+
+def setup_fourd(fabric: Any, model: torch.nn.Module, data: Union[Data, str], batch_size: int,
+                dp: Optional[int] = None, grid: Tuple[int, int, int] = (1, 1, 1),
+                seed: int = 0, bf16_comm: bool = False,
+                steps_per_epoch: Optional[int] = None,
+                timeout: Optional[float] = None) -> FourDRun:
+    r"""Sets up ScaleGNN's 4-D training (the Fabric counterpart of
+    :class:`~lightning_fullgraph.strategies.FourDStrategy`): the process groups of
+    ``dp`` replicas of an ``x * y * z`` grid, :obj:`model` with every
+    :class:`~lightning_fullgraph.parallel.ScaleGNN` and PyG GCN split over the grid (rank 0's
+    initial weights everywhere), and this replica's uniformly sampled mini-batches.
+
+    Args:
+        fabric (lightning.fabric.Fabric): A launched Fabric.
+        model (torch.nn.Module): The model (moved to Fabric's device); train
+            :attr:`FourDRun.model`, which is its split when it is a ScaleGNN or GCN itself.
+        data (Data or str): The graph or a dataset name.
+        batch_size (int): Vertices sampled per step.
+        dp (int, optional): Data-parallel replicas (default: world size / grid size).
+        grid (Tuple[int, int, int]): ``(x, y, z)`` processes per replica.
+        seed (int): Sampling and dropout seed, shared by every process.
+        bf16_comm (bool): bfloat16 partial sums on the wire (lossy).
+        steps_per_epoch (int, optional): Default :math:`\lceil N / B \rceil`.
+        timeout (float, optional): Collective timeout (seconds) of the grid's groups.
+    """
+    import math
+
+    from .data.sampled import SampledNodeDataModule
+    from .parallel.dims import FourDDims
+    from .parallel.mesh import FourDMesh
+    from .parallel.surgery import GridSplit
+
+    world = fabric.world_size
+    if dp is None:
+        if world % math.prod(grid):
+            raise ValueError(f"the world of {world} processes is not a multiple of the grid "
+                             f"{tuple(grid)}")
+        dp = world // math.prod(grid)
+    mesh = FourDMesh.create(FourDDims.of(dp, tuple(grid)).validate(world), timeout=timeout)
+    if not isinstance(data, Data):
+        from .data import load_dataset
+        data = load_dataset(str(data))
+    holder = torch.nn.Module()
+    holder.model = model.to(fabric.device)
+    surgery = GridSplit(holder, mesh, seed=seed, bf16_comm=bf16_comm).apply(fabric.device)
+    sampled = SampledNodeDataModule(data, batch_size, steps_per_epoch, seed=seed)
+    sampled.replica = mesh.coordinate("dp")
+    return FourDRun(fabric, holder, mesh, surgery, sampled)

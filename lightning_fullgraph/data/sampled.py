@@ -50,6 +50,7 @@ class SampledNodeDataModule(pl.LightningDataModule):
             raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
         self.prefetch = bool(prefetch)
         self.step = 0  # next training step to draw (checkpointed)
+        self._replica: Optional[int] = None
         # Seconds spent drawing batches, and seconds the training loop waited for one (with
         # prefetch, drawing overlaps training: 1 - wait / sample is the hidden share).
         self.sample_seconds = 0.0
@@ -57,10 +58,17 @@ class SampledNodeDataModule(pl.LightningDataModule):
 
     @property
     def replica(self) -> int:
-        r"""This process's data-parallel replica (from the trainer's strategy; 0 without)."""
+        r"""This process's data-parallel replica: set by hand (Fabric, plain
+        ``torch.distributed``), else from the trainer's strategy; 0 without either."""
+        if self._replica is not None:
+            return self._replica
         trainer = getattr(self, "trainer", None)
         mesh = getattr(getattr(trainer, "strategy", None), "mesh", None)
         return mesh.coordinate("dp") if mesh is not None else 0
+
+    @replica.setter
+    def replica(self, value: int) -> None:
+        self._replica = int(value)
 
     def batch(self, sub: SampledSubgraph) -> Data:
         r"""The :class:`Data` of a sampled subgraph."""

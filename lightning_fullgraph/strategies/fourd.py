@@ -13,11 +13,8 @@ from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from ..parallel.dims import FourDDims
-from ..parallel.gcn3d import Grid3DGCN, check_convertible
-from ..parallel.grid3d import Grid3DScaleGNN
 from ..parallel.mesh import FourDMesh
-from ..parallel.pmm import summed
-from ..parallel.scalegnn import ScaleGNN
+from ..parallel.surgery import GridSplit
 
 __all__ = ["FourDStrategy"]
 
@@ -35,9 +32,10 @@ class FourDStrategy(DDPStrategy):
     With ``grid=(1, 1, 1)`` any PyG model trains data parallel on the sampled batches
     (give it the batch's ``edge_weight``: the rescaled normalized weights).  With a larger
     grid, :class:`~lightning_fullgraph.parallel.ScaleGNN` and PyG
-    :class:`~torch_geometric.nn.models.GCN` (``normalize=False``, no norm layers) modules are
-    split (:class:`~lightning_fullgraph.parallel.Grid3DGCN`; outputs gathered, so the training
-    step's ``out[mask]`` loss works unchanged); a parameter outside them is refused by name.
+    :class:`~torch_geometric.nn.models.GCN` (``normalize=False``; batch or layer norms between
+    the layers) modules are split (:class:`~lightning_fullgraph.parallel.Grid3DGCN`; outputs
+    gathered, so the training step's ``out[mask]`` loss works unchanged); a parameter outside
+    them is refused by name.
     Gradients of split weights are summed over the axis that splits their rows and averaged
     over replicas, the others averaged over replicas.  Checkpoints hold the whole model, as
     one process would save it, and every rank's optimizer state.
@@ -73,8 +71,7 @@ class FourDStrategy(DDPStrategy):
         self.num_threads = num_threads
         self.log_communication = bool(log_communication)
         self.mesh: Optional[FourDMesh] = None
-        # (parent module, attribute, the ScaleGNN, its Grid3DScaleGNN), for revert.
-        self._split: List[Tuple[torch.nn.Module, str, ScaleGNN, Grid3DScaleGNN]] = []
+        self._surgery: Optional[GridSplit] = None  # the model surgery, once applied
 
     @property
     def dims(self) -> FourDDims:
@@ -113,38 +110,23 @@ class FourDStrategy(DDPStrategy):
         if trainer is not None and trainer.state.fn != TrainerFn.FITTING:
             self._apply()
 
+    @property
+    def _split(self) -> list:
+        return self._surgery.splits if self._surgery is not None else []
+
     def _apply(self) -> None:
-        if self._split or self.mesh is None:
+        if self.mesh is None or (self._surgery is not None and self._surgery.applied):
             return
-        module = self.lightning_module
-        _broadcast(module)  # one initial model on every process: rank 0's
-        if math.prod(self.grid) == 1:
-            return  # data parallel only: every model runs whole
-        for parent, name, child in _splittable_children(module):
-            if isinstance(child, ScaleGNN):
-                split = Grid3DScaleGNN(child, self.mesh, seed=self.seed, gather_output=True,
-                                       bf16_comm=self.bf16_comm)
-            else:
-                split = Grid3DGCN(child, self.mesh, seed=self.seed, bf16_comm=self.bf16_comm)
-            setattr(parent, name, split.to(self.root_device))
-            self._split.append((parent, name, child, split))
-        held = {id(p) for *_, split in self._split for p in split.parameters()}
-        others = [n for n, p in module.named_parameters() if id(p) not in held]
-        if others:
-            self._revert(gather=False)
-            raise TypeError(
-                f"FourDStrategy(grid={self.grid}) splits ScaleGNN and torch_geometric GCN "
-                f"models over the grid; these parameters are outside them: "
-                f"{', '.join(others[:8])}{' ...' if len(others) > 8 else ''}. Their gradients "
-                "would be wrong on a grid: put every layer inside the split model, or train "
-                "with grid=(1, 1, 1)")
+        self._surgery = GridSplit(self.lightning_module, self.mesh, seed=self.seed,
+                                  bf16_comm=self.bf16_comm)
+        try:
+            self._surgery.apply(device=self.root_device)
+        except TypeError as e:
+            raise TypeError(f"FourDStrategy(grid={self.grid}): {e}") from None
 
     def _revert(self, gather: bool = True) -> None:
-        for parent, name, child, split in reversed(self._split):
-            if gather:  # a collective over the grid
-                child.load_state_dict(split.full_state_dict())
-            setattr(parent, name, child)
-        self._split = []
+        if self._surgery is not None:
+            self._surgery.revert(gather=gather)
 
     def batch_to_device(self, batch: Any, device: Optional[torch.device] = None,
                         dataloader_idx: int = 0) -> Any:
@@ -171,26 +153,14 @@ class FourDStrategy(DDPStrategy):
         return closure_loss
 
     def _reduce_gradients(self, params: List[Tensor]) -> None:
-        assert self.mesh is not None
-        split = set()
-        for _, _, _, module in self._split:
-            module.reduce_gradients()
-            split.update(id(p) for p in module.parameters())
-        group, replicas = self.mesh.group("dp"), self.mesh.size("dp")
-        for p in params:
-            if id(p) in split or p.grad is None or replicas == 1:
-                continue
-            p.grad.copy_(summed(p.grad, group) / replicas)
+        assert self._surgery is not None
+        self._surgery.reduce_gradients(params)
 
     # -- checkpoints --------------------------------------------------------------------------
     def lightning_module_state_dict(self) -> Dict[str, Any]:
-        state = self.lightning_module.state_dict()
-        names = {id(m): n for n, m in self.lightning_module.named_modules()}
-        for _, _, _, split in self._split:
-            prefix = names[id(split)] + "."
-            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
-            state.update({prefix + k: v for k, v in split.full_state_dict().items()})
-        return state
+        if not self._split:
+            return self.lightning_module.state_dict()
+        return self._surgery.state_dict()
 
     @property
     def restore_checkpoint_after_setup(self) -> bool:
@@ -201,19 +171,10 @@ class FourDStrategy(DDPStrategy):
     def load_model_state_dict(self, checkpoint: Dict[str, Any], strict: bool = True) -> None:
         if not self._split:
             return super().load_model_state_dict(checkpoint, strict=strict)
-        state = dict(checkpoint["state_dict"])
-        names = {id(m): n for n, m in self.lightning_module.named_modules()}
-        for _, _, _, split in self._split:
-            prefix = names[id(split)] + "."
-            split.load_full_state_dict({k[len(prefix):]: v for k, v in state.items()
-                                        if k.startswith(prefix)})
-            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
-        missing, unexpected = self.lightning_module.load_state_dict(state, strict=False)
-        missing = [k for k in missing
-                   if not any(k.startswith(names[id(s)] + ".") for *_, s in self._split)]
-        if strict and (missing or unexpected):
-            raise RuntimeError(f"checkpoint does not match the model: missing {missing}, "
-                               f"unexpected {unexpected}")
+        try:
+            self._surgery.load_state_dict(checkpoint["state_dict"], strict=strict)
+        except RuntimeError as e:
+            raise RuntimeError(f"checkpoint does not match the model: {e}") from None
 
     def optimizer_state(self, optimizer: Any) -> Dict[str, Any]:
         state = optimizer.state_dict()
@@ -236,7 +197,7 @@ class FourDStrategy(DDPStrategy):
             optimizer.load_state_dict(state)
 
     def teardown(self) -> None:
-        if self._split:
+        if self._surgery is not None:
             # While an exception unwinds (a peer may be gone) no collective: the modules are
             # put back without gathering the trained blocks.
             self._revert(gather=sys.exc_info()[0] is None)
@@ -247,28 +208,6 @@ class FourDStrategy(DDPStrategy):
         if "4d" not in strategy_registry:
             strategy_registry.register(
                 "4d", cls, description="ScaleGNN 4-D mini-batch training (lightning-fullgraph)")
-
-
-def _splittable_children(module: torch.nn.Module):
-    from torch_geometric.nn.models import GCN
-
-    found = []
-    for parent in module.modules():
-        for name, child in parent.named_children():
-            if isinstance(child, ScaleGNN):
-                found.append((parent, name, child))
-            elif isinstance(child, GCN):
-                check_convertible(child, name)  # refuses what cannot be split, by name
-                found.append((parent, name, child))
-    return found
-
-
-@torch.no_grad()
-def _broadcast(module: torch.nn.Module) -> None:
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    for tensor in list(module.parameters()) + list(module.buffers()):
-        dist.broadcast(tensor.data, src=0)
 
 
 FourDStrategy.register_strategies(StrategyRegistry)

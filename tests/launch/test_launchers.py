@@ -106,3 +106,25 @@ def test_torchrun_4d_equals_lightnings_launcher(tmp_path):
     for key in ("test_acc", "val_acc", "comm_MB_per_epoch_per_rank"):
         assert torchrun[key] == launched[key], key
     assert [p[2] for p in torchrun["val_trace"]] == [p[2] for p in launched["val_trace"]]
+
+
+def _losses(out):
+    found = [line for line in out.splitlines() if line.startswith("LOSSES ")]
+    assert len(found) == 1, out[-2000:]
+    return [float(v) for v in found[0].split()[1:]]
+
+
+@pytest.mark.multiprocess
+def test_fabric_run_4d_grid_equals_one_process(tmp_path):
+    # setup_fourd under `fabric run`: ScaleGNN split over a (2,1,1) grid trains like the
+    # whole model on one process (dropout off, so the masks are not compared).
+    fabric = _script_or_skip("fabric", "Lightning's CLI needs click: the 'fabric' extra")
+    script = str(ROOT / "examples/fabric_scalegnn.py")
+    common = ["--epochs", "3", "--dropout", "0"]
+    grid = _run([fabric, "run", "--accelerator", "cpu", "--devices", "2", script,
+                 "--grid", "2,1,1", *common], tmp_path)
+    single = _run([sys.executable, script, "--devices", "1", *common], tmp_path)
+    assert _accuracy(grid)[1] == 2 and _accuracy(single)[1] == 1
+    split, whole = _losses(grid), _losses(single)
+    assert len(split) == len(whole) == 12  # 3 epochs of 4 steps
+    assert max(abs(a - b) / abs(b) for a, b in zip(split, whole)) < 1e-5

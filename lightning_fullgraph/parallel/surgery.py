@@ -1,0 +1,154 @@
+r"""Model surgery for 4-D training: the splittable models inside a module replaced by their
+grid splits (:meth:`GridSplit.apply`) and put back (:meth:`GridSplit.revert`), gradients
+reduced over the grid and the replicas, and the whole model's ``state_dict`` in and out.
+
+Shared by :class:`~lightning_fullgraph.strategies.FourDStrategy` (Lightning) and
+:func:`~lightning_fullgraph.fabric.setup_fourd` (Fabric and plain ``torch.distributed``).
+"""
+import math
+from typing import Any, Dict, List, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .gcn3d import Grid3DGCN, check_convertible
+from .grid3d import Grid3DScaleGNN
+from .grid_module import GridModule
+from .mesh import FourDMesh
+from .pmm import summed
+from .scalegnn import ScaleGNN
+
+__all__ = ["GridSplit", "splittable_children"]
+
+
+def splittable_children(module: torch.nn.Module) -> List[Tuple[torch.nn.Module, str,
+                                                               torch.nn.Module]]:
+    r"""``(parent, attribute, child)`` of every :class:`~.scalegnn.ScaleGNN` and PyG
+    :class:`~torch_geometric.nn.models.GCN` in :obj:`module`; a GCN that cannot be split is
+    refused by name (:func:`~.gcn3d.check_convertible`)."""
+    from torch_geometric.nn.models import GCN
+
+    found = []
+    for parent in module.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, ScaleGNN):
+                found.append((parent, name, child))
+            elif isinstance(child, GCN):
+                check_convertible(child, name)
+                found.append((parent, name, child))
+    return found
+
+
+@torch.no_grad()
+def broadcast_parameters(module: torch.nn.Module) -> None:
+    r"""Rank 0's parameters and buffers on every process (one initial model)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=0)
+
+
+class GridSplit:
+    r"""The 4-D surgery of one module.
+
+    Args:
+        module (torch.nn.Module): The model (e.g. a LightningModule holding a ScaleGNN or a
+            PyG GCN); modified in place by :meth:`apply`, restored by :meth:`revert`.
+        mesh (FourDMesh): This rank's groups.
+        seed (int): Seed of the split layers' dropout masks.
+        bf16_comm (bool): bfloat16 partial sums on the wire (lossy).
+    """
+
+    def __init__(self, module: torch.nn.Module, mesh: FourDMesh, seed: int = 0,
+                 bf16_comm: bool = False) -> None:
+        self.module, self.mesh = module, mesh
+        self.seed, self.bf16_comm = int(seed), bool(bf16_comm)
+        # (parent module, attribute, the original model, its split), for revert.
+        self.splits: List[Tuple[torch.nn.Module, str, torch.nn.Module, GridModule]] = []
+        self.applied = False
+
+    @property
+    def grid(self) -> Tuple[int, int, int]:
+        return tuple(self.mesh.size(a) for a in ("x", "y", "z"))
+
+    def apply(self, device: Any = None) -> "GridSplit":
+        r"""Broadcasts rank 0's weights, then (on a grid larger than one process) replaces
+        every splittable model by its split; refuses, by name, parameters left outside."""
+        if self.applied:
+            return self
+        broadcast_parameters(self.module)
+        self.applied = True
+        if math.prod(self.grid) == 1:
+            return self  # data parallel only: every model runs whole
+        for parent, name, child in splittable_children(self.module):
+            if isinstance(child, ScaleGNN):
+                split = Grid3DScaleGNN(child, self.mesh, seed=self.seed, gather_output=True,
+                                       bf16_comm=self.bf16_comm)
+            else:
+                split = Grid3DGCN(child, self.mesh, seed=self.seed, bf16_comm=self.bf16_comm)
+            if device is not None:
+                split = split.to(device)
+            setattr(parent, name, split)
+            self.splits.append((parent, name, child, split))
+        held = {id(p) for *_, split in self.splits for p in split.parameters()}
+        others = [n for n, p in self.module.named_parameters() if id(p) not in held]
+        if others:
+            self.revert(gather=False)
+            raise TypeError(
+                f"a grid of {self.grid} splits ScaleGNN and torch_geometric GCN models; these "
+                f"parameters are outside them: {', '.join(others[:8])}"
+                f"{' ...' if len(others) > 8 else ''}. Their gradients would be wrong on a "
+                "grid: put every layer inside the split model, or train with grid=(1, 1, 1)")
+        return self
+
+    def revert(self, gather: bool = True) -> None:
+        r"""Puts the original models back, with the trained weights when :obj:`gather`
+        (a collective over the grid; skip it while an error unwinds)."""
+        for parent, name, child, split in reversed(self.splits):
+            if gather:
+                child.load_state_dict(split.full_state_dict())
+            setattr(parent, name, child)
+        self.splits = []
+        self.applied = False
+
+    def reduce_gradients(self, params: List[Tensor]) -> None:
+        r"""After backward: the split blocks' gradients summed over their grid axes and
+        averaged over the replicas, every other gradient in :obj:`params` averaged over the
+        replicas."""
+        held = set()
+        for *_, split in self.splits:
+            split.reduce_gradients()
+            held.update(id(p) for p in split.parameters())
+        group, replicas = self.mesh.group("dp"), self.mesh.size("dp")
+        for p in params:
+            if id(p) in held or p.grad is None or replicas == 1:
+                continue
+            p.grad.copy_(summed(p.grad, group) / replicas)
+
+    def _prefixes(self) -> List[Tuple[str, GridModule]]:
+        names = {id(m): n for n, m in self.module.named_modules()}
+        return [(names[id(split)] + ".", split) for *_, split in self.splits]
+
+    def state_dict(self) -> Dict[str, Tensor]:
+        r"""The module's ``state_dict`` as one process holds it (split parts gathered: a
+        collective over the grid)."""
+        state = self.module.state_dict()
+        for prefix, split in self._prefixes():
+            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
+            state.update({prefix + k: v for k, v in split.full_state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: Dict[str, Tensor], strict: bool = True) -> None:
+        r"""Loads a single-process ``state_dict`` into the split module (no communication)."""
+        state = dict(state)
+        prefixes = self._prefixes()
+        for prefix, split in prefixes:
+            split.load_full_state_dict({k[len(prefix):]: v for k, v in state.items()
+                                        if k.startswith(prefix)})
+            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
+        missing, unexpected = self.module.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not any(k.startswith(p) for p, _ in prefixes)]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"the state_dict does not match the model: missing {missing}, "
+                               f"unexpected {unexpected}")
