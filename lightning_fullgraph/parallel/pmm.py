@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 __all__ = ["block", "layer_axes", "copy_to", "reduce_from", "all_reduce_sum", "GRID_AXES",
-           "bytes_sent", "reset_bytes", "summed"]
+           "bytes_sent", "reset_bytes", "summed", "summed_async"]
 
 GRID_AXES = ("x", "y", "z")
 
@@ -89,6 +89,18 @@ def summed(t: Tensor, group: Optional[object], bf16: bool = False) -> Tensor:
     _sent[0] += 2.0 * (g - 1) / g * t.numel() * t.element_size()
     dist.all_reduce(t, group=group)
     return t
+
+
+def summed_async(t: Tensor, group: Optional[object]) -> Tuple[Tensor, Optional[object]]:
+    r"""Starts the sum of :obj:`t` over :obj:`group`: ``(result, work)``, the result valid
+    after ``work.wait()`` (``work`` is ``None`` for a single process: the result is
+    :obj:`t`).  Counted in :func:`bytes_sent` like :func:`summed`."""
+    if not _active(group):
+        return t, None
+    g = dist.get_world_size(group)
+    t = t.contiguous().clone()
+    _sent[0] += 2.0 * (g - 1) / g * t.numel() * t.element_size()
+    return t, dist.all_reduce(t, group=group, async_op=True)
 
 
 class _CopyTo(torch.autograd.Function):
