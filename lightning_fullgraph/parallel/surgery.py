@@ -120,11 +120,18 @@ class GridSplit:
         for *_, split in self.splits:
             split.reduce_gradients()
             held.update(id(p) for p in split.parameters())
-        group, replicas = self.mesh.group("dp"), self.mesh.size("dp")
-        for p in params:
-            if id(p) in held or p.grad is None or replicas == 1:
-                continue
-            p.grad.copy_(summed(p.grad, group) / replicas)
+        replicas = self.mesh.size("dp")
+        rest = [p for p in params if id(p) not in held and p.grad is not None]
+        if replicas == 1 or not rest:
+            return
+        # One all-reduce for all of them (DDP buckets them too), not one per parameter.
+        mean = summed(torch.cat([p.grad.reshape(-1) for p in rest]),
+                      self.mesh.group("dp")) / replicas
+        offset = 0
+        for p in rest:
+            n = p.grad.numel()
+            p.grad.copy_(mean[offset:offset + n].view_as(p.grad))
+            offset += n
 
     def _prefixes(self) -> List[Tuple[str, GridModule]]:
         names = {id(m): n for n, m in self.module.named_modules()}
