@@ -356,7 +356,7 @@ def _train(args) -> int:
             fanout = _num_neighbors(args)
             _require_neighbor_sampling()
             datamodule = LightningNodeData(data, loader="neighbor", num_neighbors=fanout,
-                                           batch_size=args.batch_size or 512,
+                                           batch_size=_neighbor_batch(args),
                                            pin_memory=False)
             distributed = args.devices * args.num_nodes > 1
             strategy, devices = ("ddp" if distributed else "auto"), args.devices
@@ -445,7 +445,7 @@ def _train(args) -> int:
         "dp": strategy.dims.dp if fourd else None,
         "grid": list(strategy.grid) if fourd else None,
         "batch_size": datamodule.sampler.batch_size if fourd
-        else (args.batch_size or 512) if args.loader == "neighbor" else None,
+        else _neighbor_batch(args) if args.loader == "neighbor" else None,
         "train_steps_per_epoch": trainer.num_training_batches,
         "bf16_comm": bool(args.bf16_comm) if fourd else None,
         "sampling_s_per_epoch": datamodule.sample_seconds / max(1, args.epochs) if fourd
@@ -474,6 +474,10 @@ def _train(args) -> int:
         else:
             _print_summary(summary)
     return 0
+
+
+def _neighbor_batch(args) -> int:
+    return args.batch_size or 512  # seed nodes per step and process (--batch-size's help)
 
 
 def _num_neighbors(args) -> List[int]:

@@ -153,14 +153,7 @@ class FourDRun:
     def backward(self, loss: torch.Tensor) -> None:
         r"""``loss.backward()``, then the gradients reduced over the grid and the replicas."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        earlier = [p.grad for p in params]
-        for p in params:  # reduce only what this backward adds
-            p.grad = None
-        loss.backward()
-        self.surgery.reduce_gradients(params)
-        for p, old in zip(params, earlier):
-            if old is not None:
-                p.grad = old if p.grad is None else old + p.grad
+        self.surgery.backward(params, loss.backward)
 
     def state_dict(self) -> Dict[str, Any]:
         r"""The model as one process holds it (a collective over the grid) and the sampler's
@@ -203,20 +196,12 @@ def setup_fourd(fabric: Any, model: torch.nn.Module, data: Union[Data, str], bat
         steps_per_epoch (int, optional): Default :math:`\lceil N / B \rceil`.
         timeout (float, optional): Collective timeout (seconds) of the grid's groups.
     """
-    import math
-
     from .data.sampled import SampledNodeDataModule
     from .parallel.dims import FourDDims
     from .parallel.mesh import FourDMesh
     from .parallel.surgery import GridSplit
 
-    world = fabric.world_size
-    if dp is None:
-        if world % math.prod(grid):
-            raise ValueError(f"the world of {world} processes is not a multiple of the grid "
-                             f"{tuple(grid)}")
-        dp = world // math.prod(grid)
-    mesh = FourDMesh.create(FourDDims.of(dp, tuple(grid)).validate(world), timeout=timeout)
+    mesh = FourDMesh.create(FourDDims.for_world(fabric.world_size, grid, dp), timeout=timeout)
     if not isinstance(data, Data):
         from .data import load_dataset
         data = load_dataset(str(data))

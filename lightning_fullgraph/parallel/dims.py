@@ -6,9 +6,10 @@ mini-batch; gradients are averaged over the ``dp`` axis), and each replica into 
 Ranks are numbered ``dp``-major, then ``x``, ``y``, ``z`` (``z`` fastest), so a replica
 occupies consecutive ranks, as Lightning numbers the processes of consecutive nodes.
 """
+import math
 from dataclasses import dataclass
 from itertools import product
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 __all__ = ["AXES", "FourDDims"]
 
@@ -51,6 +52,18 @@ class FourDDims:
         if len(grid) != 3:
             raise ValueError(f"grid must be (x, y, z), got {grid!r}")
         return cls(dp, *grid)
+
+    @classmethod
+    def for_world(cls, world_size: int, grid: Tuple[int, int, int] = (1, 1, 1),
+                  dp: Optional[int] = None) -> "FourDDims":
+        r"""The dims of :obj:`world_size` processes: :obj:`dp` replicas (default: as many as
+        fit) of :obj:`grid`; a clear error when they do not multiply to the world."""
+        grid = tuple(grid)
+        size = math.prod(grid)
+        if dp is None and world_size % size:
+            raise ValueError(f"the world of {world_size} processes is not a multiple of the "
+                             f"grid {grid} ({size} processes per replica)")
+        return cls.of(world_size // size if dp is None else dp, grid).validate(world_size)
 
     @property
     def grid(self) -> Tuple[int, int, int]:

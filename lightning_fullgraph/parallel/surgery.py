@@ -6,7 +6,7 @@ Shared by :class:`~lightning_fullgraph.strategies.FourDStrategy` (Lightning) and
 :func:`~lightning_fullgraph.fabric.setup_fourd` (Fabric and plain ``torch.distributed``).
 """
 import math
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -132,6 +132,18 @@ class GridSplit:
             n = p.grad.numel()
             p.grad.copy_(mean[offset:offset + n].view_as(p.grad))
             offset += n
+
+    def backward(self, params: List[Tensor], run_backward: Callable[[], Any]) -> None:
+        r"""Runs :obj:`run_backward` and reduces only the gradients it adds (a second
+        backward before the optimizer step must not reduce the first one's again)."""
+        earlier = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        run_backward()
+        self.reduce_gradients(params)
+        for p, old in zip(params, earlier):
+            if old is not None:
+                p.grad = old if p.grad is None else old + p.grad
 
     def _prefixes(self) -> List[Tuple[str, GridModule]]:
         names = {id(m): n for n, m in self.module.named_modules()}

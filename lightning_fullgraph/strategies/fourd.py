@@ -1,5 +1,4 @@
 r"""``FourDStrategy``: ScaleGNN's mini-batch training, data parallel x a 3-D process grid."""
-import math
 import os
 import sys
 from datetime import timedelta
@@ -75,13 +74,7 @@ class FourDStrategy(DDPStrategy):
 
     @property
     def dims(self) -> FourDDims:
-        grid_size = math.prod(self.grid)
-        world = self.world_size
-        if self.dp is None and world % grid_size:
-            raise ValueError(f"the world of {world} processes is not a multiple of the grid "
-                             f"{self.grid} ({grid_size} processes per replica)")
-        dp = self.dp if self.dp is not None else world // grid_size
-        return FourDDims.of(dp, self.grid).validate(world)
+        return FourDDims.for_world(self.world_size, self.grid, self.dp)
 
     # -- environment and model surgery --------------------------------------------------------
     def setup_environment(self) -> None:
@@ -139,22 +132,11 @@ class FourDStrategy(DDPStrategy):
     # -- gradients --------------------------------------------------------------------------
     def backward(self, closure_loss: Tensor, optimizer: Optional[Any], *args: Any,
                  **kwargs: Any) -> Tensor:
-        params = [p for p in self.lightning_module.parameters() if p.requires_grad]
-        # Only what this backward adds is reduced (a second manual_backward before the step
-        # must not reduce the first one again).
-        earlier = [p.grad for p in params]
-        for p in params:
-            p.grad = None
-        super().backward(closure_loss, optimizer, *args, **kwargs)
-        self._reduce_gradients(params)
-        for p, old in zip(params, earlier):
-            if old is not None:
-                p.grad = old if p.grad is None else old + p.grad
-        return closure_loss
-
-    def _reduce_gradients(self, params: List[Tensor]) -> None:
         assert self._surgery is not None
-        self._surgery.reduce_gradients(params)
+        params = [p for p in self.lightning_module.parameters() if p.requires_grad]
+        self._surgery.backward(params, lambda: super(FourDStrategy, self).backward(
+            closure_loss, optimizer, *args, **kwargs))
+        return closure_loss
 
     # -- checkpoints --------------------------------------------------------------------------
     def lightning_module_state_dict(self) -> Dict[str, Any]:
