@@ -102,6 +102,46 @@ def test_split_gcn_with_normalization_equals_pyg(grid):
         assert max(errors.values()) <= 1e-5, errors
 
 
+def _replicas(rank, world_size):
+    # dp = 2 replicas of a (2,1,1) grid, each on its own mini-batch: BatchNorm's running
+    # statistics are the mean of the two replicas' (every process keeps the same), the
+    # gradients the mean of theirs.
+    mesh = FourDMesh.create(FourDDims.of(2, (2, 1, 1)))
+    refs = []
+    for replica in range(2):
+        x, ei, w, y, _ = sampled_batch(replica=replica)
+        ref = _model("batch_norm")
+        out = ref(x, ei, w)
+        torch.nn.functional.cross_entropy(out, y).backward()
+        refs.append((ref, out.detach()))
+    x, ei, w, y, _ = sampled_batch(replica=mesh.coordinate("dp"))
+    split = Grid3DGCN(_model("batch_norm"), mesh)
+    logits = split(x, ei, w)
+    torch.nn.functional.cross_entropy(logits, y).backward()
+    split.reduce_gradients()
+    errors = {"logits": _rel(logits.detach(), refs[mesh.coordinate("dp")][1])}
+    scale = max(float(p.grad.abs().max()) for r, _ in refs for p in r.parameters()) / 2
+    for name, param, index in split.blocks():
+        info = split._blocks[name]
+        full = sum(dict(r.named_parameters())[info.key].grad for r, _ in refs) / 2
+        full = full.t() if info.transpose else full
+        # A bias before BatchNorm: its gradient is zero to rounding (see _compare).
+        floor = scale if name[0] == "b" and int(name[1:]) < LAYERS else 1e-12
+        errors[name] = _rel(param.grad, full[index], floor=floor)
+    state = split.full_state_dict()
+    for key in state:
+        if "running" in key:
+            want = sum(r.state_dict()[key] for r, _ in refs) / 2
+            errors[key] = _rel(state[key], want)
+    assert all(int(v) == 1 for k, v in state.items() if "num_batches" in k)
+    return errors
+
+
+def test_replicas_average_batchnorm_statistics_and_gradients():
+    for errors in run_distributed(_replicas, 4, timeout_s=240):
+        assert max(errors.values()) <= 1e-5, errors
+
+
 def test_what_cannot_be_split_is_refused_by_name():
     with pytest.raises(TypeError, match="normalize=False"):
         check_convertible(GCN(4, 8, 2, 3), "model")
