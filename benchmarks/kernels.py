@@ -5,6 +5,7 @@ Usage::
     python benchmarks/kernels.py --quick                 # small smoke run (~1 min)
     python benchmarks/kernels.py                         # 1M nodes / 16M edges, F in {16,64,128,256}
     python benchmarks/kernels.py --features 128 --json out.json
+    python benchmarks/kernels.py --cases uniform skewed torus --features 128 --plot kernels.png
 
 For each graph case and feature width F it times a forward and a forward+backward of an
 unweighted sum aggregation (``out[d] = sum_{(s,d)} x[s]``) for every contender (PyG's
@@ -28,6 +29,16 @@ each graph case: **copy** (``dst.copy_(src)``, read + write counted) and **read*
 shared machine both the bandwidths and the timings move, and ratios measured in the same
 run are the meaningful numbers. It also times epochs of a 2-layer GCN and GraphSAGE with
 and without the backend (first epoch and best/median of the following ones, both).
+
+A third reference is the rate at which torch's own ``index_select`` reads uniformly random
+rows of ``x`` (what an aggregation over a graph without locality has to do, by a method that
+is not ours). The cases: random power-law graphs (``powerlaw``, ``skewed``, ``small``) and a
+``uniform`` random graph have no locality in any node order: every used row is re-read from
+DRAM about ``E / N`` times, so the minimum-bytes share is bounded by that (the per-edge share
+is the meaningful one there); ``torus`` (a mesh-like graph, ids shuffled) has locality that
+the node order of ``lightning_fullgraph.kernels.locality`` recovers, and its table shows ours
+in that order (default) and in the graph's own order. ``--plot PATH`` draws the bandwidth
+shares and speed-ups.
 
 Tip: ``THP_MEM_ALLOC_ENABLE=1`` makes PyTorch back large CPU tensors with transparent
 huge pages, which removes most TLB misses of the random row gather (and raises the
@@ -78,19 +89,51 @@ def power_law_graph(num_nodes: int, num_edges: int, *, src_skew: float, dst_skew
     return torch.stack([draw(src_skew), draw(dst_skew)])
 
 
+def torus_graph(num_nodes: int, num_edges: int, *, radius: int = 3, seed: int = 0) -> torch.Tensor:
+    """A graph with locality hidden by shuffled ids: ``E / N`` in-edges per node from random
+    cells within ``radius`` on a ``sqrt(N) x sqrt(N)`` torus (a mesh / k-NN-like structure),
+    node ids then randomly permuted, as datasets ship them. An order that recovers the
+    neighbourhoods (RCM, see ``lightning_fullgraph.kernels.locality``) makes the gathers
+    cache hits; in the shuffled ids they are as random as in the power-law graphs.
+
+    Returns:
+        ``[2, E]`` int64 ``edge_index`` (``E`` rounded down to a multiple of ``N``).
+    """
+    side = int(round(num_nodes ** 0.5))
+    n, deg = side * side, max(1, num_edges // (side * side))
+    g = torch.Generator().manual_seed(seed)
+    dst = torch.arange(n).repeat_interleave(deg)
+    dx = torch.randint(-radius, radius + 1, (n * deg,), generator=g)
+    dy = torch.randint(-radius, radius + 1, (n * deg,), generator=g)
+    src = ((dst // side + dy) % side) * side + (dst % side + dx) % side
+    return torch.randperm(n, generator=g)[torch.stack([src, dst])]
+
+
+def make_graph(spec, seed: int) -> torch.Tensor:
+    n, e, s_skew, d_skew = spec
+    if s_skew == "torus":
+        return torus_graph(n, e, seed=seed)
+    return power_law_graph(n, e, src_skew=s_skew, dst_skew=d_skew, seed=seed)
+
+
 CASES = {
-    # name: (nodes, edges, src_skew, dst_skew)
+    # name: (nodes, edges, src_skew, dst_skew); skew "torus": torus_graph
     "powerlaw": (1_000_000, 16_000_000, 2.0, 2.0),
+    "uniform": (1_000_000, 16_000_000, 1.0, 1.0),
     "small": (100_000, 1_600_000, 2.0, 2.0),
     "skewed": (1_000_000, 16_000_000, 1.5, 6.0),
+    "torus": (1_000_000, 16_000_000, "torus", "torus"),
 }
 QUICK_CASES = {
     "powerlaw": (100_000, 1_600_000, 2.0, 2.0),
+    "uniform": (100_000, 1_600_000, 1.0, 1.0),
     "small": (20_000, 200_000, 2.0, 2.0),
     "skewed": (100_000, 1_600_000, 1.5, 6.0),
+    "torus": (102_400, 1_638_400, "torus", "torus"),
 }
 # Feature widths per case unless --features is given.
-CASE_FEATURES = {"powerlaw": [16, 64, 128, 256], "small": [128], "skewed": [128]}
+CASE_FEATURES = {"powerlaw": [16, 64, 128, 256], "uniform": [128], "small": [128], "skewed": [128],
+                 "torus": [128]}
 QUICK_FEATURES = [16, 128]
 
 # --------------------------------------------------------------------------- machine
@@ -109,6 +152,22 @@ def bandwidths(num_bytes: int = 1 << 29, repeats: int = 5) -> dict:
     return dict(copy_best=2 * num_bytes / min(copy), copy_median=2 * num_bytes / statistics.median(copy),
                 read_best=num_bytes / min(read), read_median=num_bytes / statistics.median(read),
                 threads=torch.get_num_threads(), load_avg=os.getloadavg())
+
+
+def random_row_read(x: torch.Tensor, repeats: int = 3, rows: int = 1 << 21, chunk: int = 4096) -> float:
+    """Rate (bytes/s read) at which torch's ``index_select`` gathers uniformly random rows of
+    ``x``: the access pattern of an aggregation over a graph without locality, by a method
+    that is not ours. ``rows`` random rows in chunks of ``chunk`` into one small buffer (its
+    writes stay in cache), best of ``repeats``."""
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, x.size(0), (rows,), generator=g)
+    buf = torch.empty(chunk, x.size(1), dtype=x.dtype)
+
+    def run() -> None:
+        for s in range(0, rows - chunk + 1, chunk):
+            torch.index_select(x, 0, idx[s:s + chunk], out=buf)
+
+    return (rows // chunk) * chunk * x.size(1) * x.element_size() / min(timeit(run, repeats, 1))
 
 
 def mem_available() -> int:
@@ -185,6 +244,11 @@ def make_methods(edge_index: torch.Tensor, n: int):
         pass
 
     methods["ours"] = lambda x: K.aggregate(x, edge_index, None, "sum", n, backend="auto")
+    if csr.order is not None:
+        # The same kernels on the graph's own node order (the CSR get_csr would build with
+        # K.set_locality("off")): what the reordering gains, net of its two row permutations.
+        own = K.build_csr(edge_index, n, n)
+        methods["ours_own_order"] = lambda x: K.aggregate(x, own, None, "sum", n, backend="auto")
 
     def fresh_views(x):
         # Ours on new views of the same CSR arrays every call: the ops recognise validated
@@ -192,7 +256,7 @@ def make_methods(edge_index: torch.Tensor, n: int):
         # pass, without evicting what "ours" validated. The difference to "ours" is the
         # cost of validating at the op boundary on every call.
         g = K.CSRGraph(csr.rowptr.view(-1), csr.col.view(-1), csr.perm, csr.t_rowptr.view(-1), csr.t_col.view(-1),
-                       csr.t_perm.view(-1), csr.num_src, csr.num_dst)
+                       csr.t_perm.view(-1), csr.num_src, csr.num_dst, csr.order)
         return K.aggregate(x, g, None, "sum", n, backend="auto")
 
     methods["ours_check_every_call"] = fresh_views
@@ -222,19 +286,27 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
 
     n, e, s_skew, d_skew = spec
     t = time.perf_counter()
-    ei = power_law_graph(n, e, src_skew=s_skew, dst_skew=d_skew, seed=args.seed)
+    ei = make_graph(spec, args.seed)
+    n, e = (int(round(n ** 0.5)) ** 2 if s_skew == "torus" else n), ei.size(1)
     gen_s = time.perf_counter() - t
     t = time.perf_counter()
-    csr = K.get_csr(ei, n, n)  # one-off CSR + transpose build, cached afterwards
+    csr = K.get_csr(ei, n, n)  # one-off CSR + transpose build (+ node order), cached afterwards
     csr_s = time.perf_counter() - t
+    order = csr.order
+    own_score = order.score_before if order else K.locality_score(ei[0], ei[1])
+    locality_info = dict(locality_mode=K.get_locality(), reordered=order is not None, locality_score_own=own_score,
+                         locality_score_used=order.score_after if order else own_score,
+                         order_seconds=order.seconds if order else None)
     max_in = int(torch.bincount(ei[1], minlength=n).max())
     bw = bandwidths(repeats=max(args.repeats, 5))
     vpass = best_median(_validation_pass_times(csr, max(args.repeats, 5)))
     info = dict(case=name, nodes=n, edges=e, max_in_degree=max_in, generate_s=gen_s, csr_build_s=csr_s,
                 validation_pass_best_s=vpass[0], validation_pass_median_s=vpass[1], threads=bw["threads"],
                 load_avg=bw["load_avg"], copy_best_gbs=bw["copy_best"] / 1e9, copy_median_gbs=bw["copy_median"] / 1e9,
-                read_best_gbs=bw["read_best"] / 1e9, read_median_gbs=bw["read_median"] / 1e9)
-    print(f"# case {name}: N={n:,} E={e:,} max in-degree {max_in:,}; generate {gen_s:.1f}s, CSR build {csr_s:.1f}s; "
+                read_best_gbs=bw["read_best"] / 1e9, read_median_gbs=bw["read_median"] / 1e9, **locality_info)
+    print(f"# case {name}: N={n:,} E={e:,} max in-degree {max_in:,}; generate {gen_s:.1f}s, CSR build {csr_s:.1f}s "
+          f"(locality score {own_score:.2f}" + (f" -> {order.score_after:.2f} in RCM order, {order.seconds:.1f}s)"
+                                                if order else ", own order kept)") + "; "
           f"load {bw['load_avg'][0]:.2f}, {bw['threads']} threads: copy {bw['copy_best'] / 1e9:.1f} GB/s, "
           f"read {bw['read_best'] / 1e9:.1f} GB/s (best; median {bw['copy_median'] / 1e9:.1f} / "
           f"{bw['read_median'] / 1e9:.1f})" + (f"; validation pass {vpass[0] * 1e3:.1f} ms" if vpass[0] else ""),
@@ -248,13 +320,14 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
         models = byte_models(csr, f)
         # Bandwidths again for this F, right before its timings (the load moves).
         bwf = bandwidths(repeats=5)
+        bwf["gather"] = random_row_read(x, repeats=3)
         active = []
         for mname, fn in methods.items():
             row = dict(case=name, nodes=n, edges=e, F=f, method=mname, repeats=args.repeats, warmup=1,
                        per_edge_bytes=models["per_edge"], minimum_bytes=models["minimum"],
                        used_sources=models["used_sources"], threads=bwf["threads"],
                        copy_best_gbs=bwf["copy_best"] / 1e9, read_best_gbs=bwf["read_best"] / 1e9,
-                       load_avg_before=os.getloadavg()[0])
+                       torch_gather_gbs=bwf["gather"] / 1e9, load_avg_before=os.getloadavg()[0], **locality_info)
             # Gather/scatter paths materialise E x F messages (and their gradient in
             # backward); skip what cannot fit in the memory available right now (with
             # headroom: the machine may be shared).
@@ -299,7 +372,8 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
                 row[f"{model}_pct_copy"] = 100 * gbs / row["copy_best_gbs"]
                 row[f"{model}_pct_read"] = 100 * gbs / row["read_best_gbs"]
         print(f"# F={f}: load {bwf['load_avg'][0]:.2f}, copy {bwf['copy_best'] / 1e9:.1f} GB/s, read "
-              f"{bwf['read_best'] / 1e9:.1f} GB/s (best of 5, {bwf['threads']} threads)", flush=True)
+              f"{bwf['read_best'] / 1e9:.1f} GB/s (best of 5, {bwf['threads']} threads); torch index_select of "
+              f"random rows {bwf['gather'] / 1e9:.1f} GB/s", flush=True)
         for row in rows:
             if row["F"] == f:
                 print(_fmt_row(row), flush=True)
@@ -344,11 +418,12 @@ def _fmt_row(r: dict) -> str:
 def markdown_table(rows: List[dict], case_info: List[dict]) -> str:
     """The README table: seconds fwd / fwd+bwd (best of R) per contender, and ours' forward
     bandwidth under both byte models against the copy and read bandwidths measured for that F."""
-    methods = [m for m in ("pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_check_every_call")
+    methods = [m for m in ("pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_own_order", "ours_check_every_call")
                if any(r["method"] == m for r in rows)]
     names = {"pyg": "PyG gather-scatter", "sparse_csr_mm": "`torch.sparse.mm` CSR", "torch_scatter": "torch-scatter",
-             "ours": "ours", "ours_check_every_call": "ours, validating every call"}
-    head = ["case", "F", "load; copy / read GB/s"] + [names[m] for m in methods] + [
+             "ours": "ours", "ours_own_order": "ours, graph's own node order",
+             "ours_check_every_call": "ours, validating every call"}
+    head = ["case", "F", "load; copy / read / torch random-row GB/s"] + [names[m] for m in methods] + [
         "ours fwd, per-edge bytes: GB/s (% copy / % read)", "ours fwd, minimum bytes: GB/s (% copy / % read)"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     keys = list(dict.fromkeys((r["case"], r["F"]) for r in rows))
@@ -358,7 +433,8 @@ def markdown_table(rows: List[dict], case_info: List[dict]) -> str:
         r0 = next(iter(group.values()))
         label = f"{r0['case']} {r0['nodes'] / 1e6:g}M/{r0['edges'] / 1e6:g}M" if key[0] != last_case else ""
         last_case = key[0]
-        cells = [label, str(key[1]), f"{r0['load_avg_before']:.1f}; {r0['copy_best_gbs']:.1f} / {r0['read_best_gbs']:.1f}"]
+        cells = [label, str(key[1]), f"{r0['load_avg_before']:.1f}; {r0['copy_best_gbs']:.1f} / "
+                 f"{r0['read_best_gbs']:.1f} / {r0.get('torch_gather_gbs', float('nan')):.1f}"]
         for m in methods:
             r = group.get(m)
             if r is None or r.get("fwd_best_s") is None:
@@ -376,6 +452,47 @@ def markdown_table(rows: List[dict], case_info: List[dict]) -> str:
     return "\n".join(out)
 
 
+def plot(rows: List[dict], path: str) -> None:
+    """Two panels: ours' forward bandwidth share (minimum bytes and per-edge bytes, % of the
+    copy bandwidth measured with it) and its speed-up over the other contenders, for every
+    (case, F) measured; written to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ours = [r for r in rows if r["method"] == "ours" and r.get("fwd_best_s")]
+    if not ours:
+        return
+    labels = [f"{r['case']}\nF={r['F']}" for r in ours]
+    pos = list(range(len(ours)))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(ours) + 4), 4.2))
+    a.bar([p - 0.2 for p in pos], [r["minimum_pct_copy"] for r in ours], 0.4, label="minimum bytes")
+    a.bar([p + 0.2 for p in pos], [r["per_edge_pct_copy"] for r in ours], 0.4, label="per-edge bytes")
+    for r, p in zip(ours, pos):
+        if r.get("torch_gather_gbs"):
+            a.plot([p - 0.4, p + 0.4], [100 * r["torch_gather_gbs"] / r["copy_best_gbs"]] * 2, "k--", lw=1)
+    a.axhline(30, color="grey", lw=0.8)
+    a.set_xticks(pos, labels, fontsize=8)
+    a.set_ylabel("forward bandwidth, % of copy bandwidth")
+    a.set_title("ours (dashed: torch index_select of random rows)", fontsize=9)
+    a.legend(fontsize=8)
+    others = sorted({r["method"] for r in rows if r.get("ours_speedup_fwd")})
+    width = 0.8 / max(1, len(others))
+    for k, m in enumerate(others):
+        vals = [next((r.get("ours_speedup_fwd") or 0 for r in rows if r["method"] == m and r["case"] == o["case"]
+                      and r["F"] == o["F"]), 0) for o in ours]
+        b.bar([p - 0.4 + width * (k + 0.5) for p in pos], vals, width, label=m)
+    b.axhline(1, color="grey", lw=0.8)
+    b.set_xticks(pos, labels, fontsize=8)
+    b.set_ylabel("forward time of contender / ours")
+    b.set_yscale("log")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -386,7 +503,8 @@ def bench_e2e(spec, args) -> List[dict]:
     import lightning_fullgraph.kernels as K
 
     n, e, s_skew, d_skew = spec
-    ei = power_law_graph(n, e, src_skew=s_skew, dst_skew=d_skew, seed=args.seed)
+    ei = make_graph(spec, args.seed)
+    n = int(round(n ** 0.5)) ** 2 if s_skew == "torus" else n
     f_in, hidden, classes = args.e2e_features, args.e2e_hidden, 16
     x = torch.randn(n, f_in)
     y = torch.randint(0, classes, (n,))
@@ -448,7 +566,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--features", nargs="+", type=int, default=None,
                    help=f"feature widths for every case (default per case: {CASE_FEATURES})")
     p.add_argument("--methods", nargs="+",
-                   default=["pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_check_every_call"])
+                   default=["pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_own_order", "ours_check_every_call"])
     p.add_argument("--repeats", type=int, default=3, help="timed runs per contender (after one warm-up), all alike")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end GCN/GraphSAGE epochs")
@@ -458,6 +576,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--e2e-hidden", type=int, default=128)
     p.add_argument("--e2e-epochs", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the JSON result to this file")
+    p.add_argument("--plot", default=None, help="write the bandwidth / speed-up figure (PNG) to this file")
     p.add_argument("--no-print-json", action="store_true", help="do not print the JSON result")
     args = p.parse_args(argv)
 
@@ -500,6 +619,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     info["load_avg_end"] = os.getloadavg()
     if rows:
         print(markdown_table(rows, case_info))
+        if args.plot:
+            plot(rows, args.plot)
+            print(f"# figure: {args.plot}")
     if not args.no_print_json:
         print(json.dumps(result, indent=1))
     save()

@@ -665,6 +665,40 @@ _Pragma("omp simd reduction(+ : s)")
   return out;
 }
 
+// ---------------------------------------------------------------- permuted values
+// out[i] = values[perm[i]]: per-edge weights from input order to CSR order (forward) and to
+// the transposed CSR's order (backward). A permutation of E scalars is a random 4-8 B read
+// per edge, each a cache miss once the values exceed the L3: torch's index_select does them
+// one at a time (~80 ms for 8M on 2 cores), prefetching a few dozen ahead keeps enough misses
+// in flight to halve that. perm is trusted to lie in [0, values.numel()): callers validate it
+// (the CSR builder makes it; take_checked checks the transposed one).
+torch::Tensor take_values(torch::Tensor values, torch::Tensor perm) {
+  TORCH_CHECK(values.device().is_cpu() && perm.device().is_cpu(), "take_values: CPU tensors expected");
+  TORCH_CHECK_VALUE(values.dim() == 1 && perm.dim() == 1, "take_values: values and perm must be 1-D");
+  TORCH_CHECK_VALUE(perm.scalar_type() == torch::kInt32 || perm.scalar_type() == torch::kInt64,
+                    "take_values: perm must be int32 or int64");
+  values = values.contiguous();
+  perm = perm.contiguous();
+  const int64_t n = perm.numel();
+  auto out = torch::empty({n}, values.options());
+  if (n == 0) return out;
+  constexpr int64_t kAhead = 32;  // measured: 16-64 alike, 0 is 1.2x slower
+  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "take_values", [&] {
+    AT_DISPATCH_INDEX_TYPES(perm.scalar_type(), "take_values_idx", [&] {
+      const scalar_t* __restrict v = values.data_ptr<scalar_t>();
+      const index_t* __restrict p = perm.data_ptr<index_t>();
+      scalar_t* __restrict o = out.data_ptr<scalar_t>();
+      at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          if (i + kAhead < e) __builtin_prefetch(v + p[i + kAhead], 0, 0);
+          o[i] = v[p[i]];
+        }
+      });
+    });
+  });
+  return out;
+}
+
 // ---------------------------------------------------------------- counting sort
 // Stable permutation sorting `keys` (values in [0, n)) in O(E + n): builds the CSR
 // permutation without a comparison sort (argsort of 16M keys costs seconds).
@@ -706,4 +740,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("csr_sum", &csr_sum, "CSR sum/mean aggregation");
   m.def("csr_max", &csr_max, "CSR max aggregation with arg-max");
   m.def("csr_edge_dot", &csr_edge_dot, "per-edge dot product (SDDMM)");
+  m.def("take_values", &take_values, "values[perm] for 1-D values (prefetching gather)");
 }

@@ -8,12 +8,14 @@ Quick start::
     with K.use("torch"): ...      # temporarily the pure-PyTorch reference
     handle = K.accelerate(model)  # or wrap one model explicitly; handle.revert()
     out = K.aggregate(x, edge_index, edge_weight, "mean", num_dst)  # raw op
+    K.set_locality("off")         # keep every graph's own node order (default "auto")
 
 Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
 """
 from .backend import BACKENDS, current, resolve, use
 from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr
 from .functional import aggregate
+from .locality import NodeOrder, get_locality, locality_score, set_locality
 from .pyg import AccelerationHandle, accelerate, is_accelerated, register_layer, registered_layers
 
 __all__ = [
@@ -32,6 +34,10 @@ __all__ = [
     "get_csr",
     "clear_cache",
     "cache_info",
+    "set_locality",
+    "get_locality",
+    "locality_score",
+    "NodeOrder",
     "cpp_available",
 ]
 

@@ -9,6 +9,7 @@ fingerprint confirmed by :func:`torch.equal` - far cheaper than re-sorting 16M e
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from .locality import NodeOrder, choose_order, get_locality
 
 __all__ = ["CSRGraph", "SplitCSR", "build_csr", "build_split_csr", "get_csr", "get_split_csr",
            "clear_cache", "cache_info"]
@@ -36,6 +39,10 @@ class CSRGraph:
         t_rowptr: ``[N_src + 1]`` int64 offsets of the transpose (rows = sources).
         t_col: ``[E]`` destination node of each transposed edge.
         t_perm: ``[E]`` CSR position of each transposed edge (to permute weights; dtype of ``col``).
+        order: ``None``, or the :class:`~.locality.NodeOrder` the structure is numbered in
+            (square graphs reordered for locality: rows of ``x`` go through ``order.perm``
+            before the kernels, output rows back through ``order.inv``; the edges keep their
+            input order, so ``perm`` still maps CSR positions to input edge ids).
         num_src: ``N_src``.
         num_dst: ``N_dst``.
     """
@@ -48,16 +55,20 @@ class CSRGraph:
     t_perm: Tensor
     num_src: int
     num_dst: int
+    order: Optional["NodeOrder"] = None
 
     @property
     def num_edges(self) -> int:
         return self.col.numel()
 
-    def permute_edge_values(self, values: Optional[Tensor]) -> Optional[Tensor]:
-        """Reorder per-edge ``values`` ``[E]`` from input order to CSR order (differentiable)."""
+    def permute_edge_values(self, values: Optional[Tensor], backend: str = "torch") -> Optional[Tensor]:
+        """Reorder per-edge ``values`` ``[E]`` from input order to CSR order (differentiable;
+        ``backend`` ``"cpp"`` gathers with the prefetching C++ kernel)."""
         if values is None or self.perm is None:
             return values
-        return values.index_select(0, self.perm)
+        from .ops import permute_values
+
+        return permute_values(values, self.perm, backend)
 
 
 def _index_dtype(n: int, e: int) -> torch.dtype:
@@ -203,8 +214,23 @@ def get_csr(edge_index: Tensor, num_src: int, num_dst: int) -> CSRGraph:
         The :class:`CSRGraph`; equal graphs share one instance.
     """
     assume_sorted = bool(getattr(edge_index, "is_sorted_by_col", False))
-    return _cached(edge_index, ("csr", int(num_src), int(num_dst)),
-                   lambda ei: build_csr(ei, num_src, num_dst, assume_sorted=assume_sorted))
+    mode = get_locality() if int(num_src) == int(num_dst) else "off"
+    return _cached(edge_index, ("csr", int(num_src), int(num_dst), mode),
+                   lambda ei: _build_ordered(ei, num_src, num_dst, assume_sorted, mode))
+
+
+def _build_ordered(ei: Tensor, num_src: int, num_dst: int, assume_sorted: bool, mode: str) -> CSRGraph:
+    # The CSR in the graph's own ids, then (square graphs whose locality an order improves,
+    # see .locality) once more in that order.
+    csr = build_csr(ei, num_src, num_dst, assume_sorted=assume_sorted)
+    if mode == "off" or num_src != num_dst:
+        return csr
+    src, dst = ei[0].long(), ei[1].long()
+    order = choose_order(src, dst, csr.rowptr, csr.col, int(num_src), mode)
+    if order is None:
+        return csr
+    relabeled = build_csr(torch.stack([order.inv[src], order.inv[dst]]), num_src, num_dst)
+    return dataclasses.replace(relabeled, order=order)
 
 
 @torch.compiler.disable

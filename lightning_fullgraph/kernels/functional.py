@@ -8,6 +8,7 @@ from torch import Tensor
 from . import backend as _backend
 from . import ops
 from .csr import CSRGraph, get_csr
+from .locality import permute_rows
 
 __all__ = ["aggregate", "REDUCTIONS"]
 
@@ -65,10 +66,14 @@ def aggregate(
     trailing = src.shape[1:]
     x = src.reshape(src.size(0), -1)
     be = _backend.resolve(backend, x.device) or "torch"
-    w = csr.permute_edge_values(weight.reshape(-1) if weight is not None else None)
+    w = csr.permute_edge_values(weight.reshape(-1) if weight is not None else None, be)
+    if csr.order is not None:  # numbered for locality: rows in, and back out (see .locality)
+        x = permute_rows(x, csr.order.perm, csr.order.inv)
     if reduce == "max":
         out, _ = ops.csr_max(csr.rowptr, csr.col, w, x, be)
     else:
         out = ops.csr_sum(csr.rowptr, csr.col, w, x, reduce == "mean", csr.t_rowptr, csr.t_col,
                           csr.t_perm, be)
+    if csr.order is not None:
+        out = permute_rows(out, csr.order.inv, csr.order.perm)
     return out.reshape((csr.num_dst,) + tuple(trailing))

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from . import reference, validate
 
-__all__ = ["csr_sum", "csr_max", "csr_sum_raw", "csr_edge_dot", "take_checked", "impl"]
+__all__ = ["csr_sum", "csr_max", "csr_sum_raw", "csr_edge_dot", "take_checked", "permute_values", "impl"]
 
 
 def impl(backend: str):
@@ -91,18 +91,60 @@ def _(rowptr, col, a, b, backend):
     return b.new_empty(col.shape[0])
 
 
+def _gather_values(values: Tensor, perm: Tensor, backend: str) -> Tensor:
+    # values[perm] for a 1-D permutation: the C++ kernel prefetches the random reads (about 2x
+    # torch's index_select for millions of edges, which a weighted layer pays every forward
+    # and backward); other devices and dtypes use index_select.
+    if backend == "cpp" and values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        from . import cpp
+
+        mod = cpp.load()
+        if mod is not None and hasattr(mod, "take_values"):
+            return mod.take_values(values, perm)
+    return values.index_select(0, perm)
+
+
 @torch.library.custom_op("lightning_fullgraph::take_checked", mutates_args=())
-def take_checked(values: Tensor, perm: Tensor) -> Tensor:
+def take_checked(values: Tensor, perm: Tensor, backend: str) -> Tensor:
     """``values[perm]`` after checking ``perm`` lies in ``[0, values.numel())`` (the transposed
     CSR's ``t_perm``, used by backward; an op so that the check sees real tensors under
     ``torch.compile`` too, and cached like the CSR validation)."""
     validate.check_index_range("csr_sum backward", perm, values.numel(), "t_perm", "CSR positions, nnz = col.numel()")
-    return values.index_select(0, perm)
+    return _gather_values(values.contiguous(), perm, _kernel_ok(backend, values))
 
 
 @take_checked.register_fake
-def _(values, perm):
+def _(values, perm, backend):
     return values.new_empty(perm.shape[0])
+
+
+@torch.library.custom_op("lightning_fullgraph::permute_values", mutates_args=())
+def permute_values(values: Tensor, perm: Tensor, backend: str) -> Tensor:
+    """``values[perm]`` for per-edge values ``[E]`` and the CSR's permutation (input order to
+    CSR order; built by :func:`~lightning_fullgraph.kernels.get_csr`, so not validated again),
+    differentiable in ``values``."""
+    return _gather_values(values.contiguous(), perm, _kernel_ok(backend, values))
+
+
+@permute_values.register_fake
+def _(values, perm, backend):
+    return values.new_empty(perm.shape[0])
+
+
+def _permute_setup(ctx, inputs, output):
+    values, perm, _ = inputs
+    ctx.num_values = values.numel()
+    ctx.save_for_backward(perm)
+
+
+def _permute_backward(ctx, grad):
+    (perm,) = ctx.saved_tensors
+    # perm is a permutation: each value receives the gradient of its one position.
+    grad_values = grad.new_zeros(ctx.num_values).index_add_(0, perm, grad.contiguous())
+    return grad_values, None, None
+
+
+permute_values.register_autograd(_permute_backward, setup_context=_permute_setup)
 
 
 # --------------------------------------------------------------------------- sum / mean
@@ -161,7 +203,7 @@ def _sum_backward(ctx, grad):
         grad = grad / deg.unsqueeze(1)
     grad_x = None
     if ctx.needs_input_grad[3]:
-        t_w = take_checked(weight, t_perm) if ctx.has_w else None
+        t_w = take_checked(weight, t_perm, ctx.backend) if ctx.has_w else None
         try:  # the transposed CSR is validated by the kernel call itself
             grad_x = csr_sum_raw(t_rowptr, t_col, t_w, grad, False, ctx.backend)
         except (ValueError, IndexError) as exc:

@@ -1,0 +1,116 @@
+"""Node order for locality (kernels/locality.py): chosen from the graph, invisible to callers."""
+import pytest
+import torch
+from torch_geometric.nn import GCNConv, SAGEConv
+
+import lightning_fullgraph.kernels as K
+from lightning_fullgraph.kernels import locality
+
+from kernel_testutils import cpp_or_skip
+
+
+def shuffled_grid(side=40, deg=6, seed=0):
+    """Edges between nearby cells of a side x side torus, node ids shuffled: locality hidden."""
+    g = torch.Generator().manual_seed(seed)
+    n = side * side
+    dst = torch.arange(n).repeat_interleave(deg)
+    dx = torch.randint(-2, 3, (n * deg,), generator=g)
+    dy = torch.randint(-2, 3, (n * deg,), generator=g)
+    src = ((dst // side + dy) % side) * side + (dst % side + dx) % side
+    return torch.randperm(n, generator=g)[torch.stack([src, dst])], n
+
+
+@pytest.fixture
+def small_window(monkeypatch):
+    # The test graphs are small: a window of 64 rows and no size floor make them "large".
+    monkeypatch.setattr(locality, "WINDOW", 64)
+    monkeypatch.setattr(locality, "MIN_EDGES", 0)
+    monkeypatch.setattr(locality.locality_score, "__defaults__", (64,))
+    yield
+    K.set_locality("auto")
+    K.clear_cache()
+
+
+def _order(ei, n, mode):
+    csr = K.build_csr(ei, n, n)
+    return locality.choose_order(ei[0], ei[1], csr.rowptr, csr.col, n, mode)
+
+
+def test_rcm_recovers_hidden_locality(small_window):
+    ei, n = shuffled_grid()
+    order = _order(ei, n, "auto")
+    assert order is not None and order.method == "rcm"
+    assert order.score_before < 0.2 and order.score_after > order.score_before + locality.MIN_GAIN
+    assert torch.equal(order.perm[order.inv], torch.arange(n))
+    assert torch.equal(torch.sort(order.perm).values, torch.arange(n))
+
+
+def test_auto_keeps_random_and_local_graphs(small_window):
+    n = 1600
+    g = torch.Generator().manual_seed(1)
+    random = torch.randint(0, n, (2, 6 * n), generator=g)
+    assert _order(random, n, "auto") is None  # nothing to recover
+    assert _order(random, n, "rcm") is not None  # forced
+    ei, _ = shuffled_grid(side=40)
+    order = _order(ei, n, "rcm")
+    local = order.inv[ei]  # already in a local order
+    assert _order(local, n, "auto") is None
+    assert _order(ei, n, "off") is None
+
+
+def test_size_floor_and_modes(monkeypatch):
+    ei, n = shuffled_grid()
+    assert _order(ei, n, "auto") is None  # 9.6k edges < MIN_EDGES: left alone
+    with pytest.raises(ValueError, match="locality mode"):
+        K.set_locality("fast")
+    with pytest.raises(ValueError, match="locality mode"):
+        _order(ei, n, "fast")
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_reordered_aggregation_equals_own_order(small_window, backend, reduce):
+    if backend == "cpp":
+        cpp_or_skip()
+    ei, n = shuffled_grid()
+    x = torch.randn(n, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(ei.size(1), dtype=torch.float64, requires_grad=True)
+    g = torch.randn(n, 16, dtype=torch.float64)
+    results = {}
+    for mode in ("off", "rcm"):
+        K.set_locality(mode)
+        K.clear_cache()
+        out = K.aggregate(x, ei, w, reduce, n, backend=backend)
+        assert (K.get_csr(ei, n, n).order is not None) == (mode == "rcm")
+        gx, gw = torch.autograd.grad(out, (x, w), g)
+        results[mode] = (out, gx, gw)
+    # Forward: every row sums its edges in input order in both numberings (bit for bit);
+    # backward sums a source's edges in another order: rounding only.
+    assert torch.equal(results["off"][0], results["rcm"][0])
+    for a, b in zip(results["off"][1:], results["rcm"][1:]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_rectangular_graphs_keep_their_order(small_window):
+    K.set_locality("rcm")
+    ei, n = shuffled_grid()
+    assert K.get_csr(ei, n, n).order is not None
+    assert K.get_csr(ei, n + 5, n).order is None  # N_src != N_dst (a partition's graph)
+
+
+@pytest.mark.parametrize("conv", [GCNConv, SAGEConv])
+def test_pyg_layers_unchanged_by_reordering(small_window, conv):
+    cpp_or_skip()
+    ei, n = shuffled_grid()
+    torch.manual_seed(0)
+    layer = conv(8, 8)
+    x = torch.randn(n, 8, requires_grad=True)
+    ref = layer(x, ei)
+    (gref,) = torch.autograd.grad(ref.square().sum(), x)
+    K.set_locality("rcm")
+    with K.use("cpp"):
+        out = layer(x, ei)
+        (gout,) = torch.autograd.grad(out.square().sum(), x)
+    assert K.get_csr(ei, n, n).order is not None or conv is GCNConv  # GCN adds self-loops first
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gout, gref, rtol=1e-5, atol=1e-5)
