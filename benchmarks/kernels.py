@@ -93,7 +93,7 @@ def torus_graph(num_nodes: int, num_edges: int, *, radius: int = 3, seed: int = 
     """A graph with locality hidden by shuffled ids: ``E / N`` in-edges per node from random
     cells within ``radius`` on a ``sqrt(N) x sqrt(N)`` torus (a mesh / k-NN-like structure),
     node ids then randomly permuted, as datasets ship them. An order that recovers the
-    neighbourhoods (RCM, see ``lightning_fullgraph.kernels.locality``) makes the gathers
+    neighbourhoods (a breadth-first order, see ``lightning_fullgraph.kernels.locality``) makes the gathers
     cache hits; in the shuffled ids they are as random as in the power-law graphs.
 
     Returns:
@@ -305,7 +305,7 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
                 load_avg=bw["load_avg"], copy_best_gbs=bw["copy_best"] / 1e9, copy_median_gbs=bw["copy_median"] / 1e9,
                 read_best_gbs=bw["read_best"] / 1e9, read_median_gbs=bw["read_median"] / 1e9, **locality_info)
     print(f"# case {name}: N={n:,} E={e:,} max in-degree {max_in:,}; generate {gen_s:.1f}s, CSR build {csr_s:.1f}s "
-          f"(locality score {own_score:.2f}" + (f" -> {order.score_after:.2f} in RCM order, {order.seconds:.1f}s)"
+          f"(locality score {own_score:.2f}" + (f" -> {order.score_after:.2f} in BFS order, {order.seconds:.1f}s)"
                                                 if order else ", own order kept)") + "; "
           f"load {bw['load_avg'][0]:.2f}, {bw['threads']} threads: copy {bw['copy_best'] / 1e9:.1f} GB/s, "
           f"read {bw['read_best'] / 1e9:.1f} GB/s (best; median {bw['copy_median'] / 1e9:.1f} / "

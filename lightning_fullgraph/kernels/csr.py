@@ -226,7 +226,7 @@ def _build_ordered(ei: Tensor, num_src: int, num_dst: int, assume_sorted: bool, 
     if mode == "off" or num_src != num_dst:
         return csr
     src, dst = ei[0].long(), ei[1].long()
-    order = choose_order(src, dst, csr.rowptr, csr.col, int(num_src), mode)
+    order = choose_order(src, dst, csr.rowptr, csr.col, csr.t_rowptr, csr.t_col, int(num_src), mode)
     if order is None:
         return csr
     relabeled = build_csr(torch.stack([order.inv[src], order.inv[dst]]), num_src, num_dst)

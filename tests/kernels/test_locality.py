@@ -33,13 +33,13 @@ def small_window(monkeypatch):
 
 def _order(ei, n, mode):
     csr = K.build_csr(ei, n, n)
-    return locality.choose_order(ei[0], ei[1], csr.rowptr, csr.col, n, mode)
+    return locality.choose_order(ei[0], ei[1], csr.rowptr, csr.col, csr.t_rowptr, csr.t_col, n, mode)
 
 
-def test_rcm_recovers_hidden_locality(small_window):
+def test_bfs_order_recovers_hidden_locality(small_window):
     ei, n = shuffled_grid()
     order = _order(ei, n, "auto")
-    assert order is not None and order.method == "rcm"
+    assert order is not None and order.method == "bfs"
     assert order.score_before < 0.2 and order.score_after > order.score_before + locality.MIN_GAIN
     assert torch.equal(order.perm[order.inv], torch.arange(n))
     assert torch.equal(torch.sort(order.perm).values, torch.arange(n))
@@ -50,9 +50,9 @@ def test_auto_keeps_random_and_local_graphs(small_window):
     g = torch.Generator().manual_seed(1)
     random = torch.randint(0, n, (2, 6 * n), generator=g)
     assert _order(random, n, "auto") is None  # nothing to recover
-    assert _order(random, n, "rcm") is not None  # forced
+    assert _order(random, n, "bfs") is not None  # forced
     ei, _ = shuffled_grid(side=40)
-    order = _order(ei, n, "rcm")
+    order = _order(ei, n, "bfs")
     local = order.inv[ei]  # already in a local order
     assert _order(local, n, "auto") is None
     assert _order(ei, n, "off") is None
@@ -77,22 +77,22 @@ def test_reordered_aggregation_equals_own_order(small_window, backend, reduce):
     w = torch.rand(ei.size(1), dtype=torch.float64, requires_grad=True)
     g = torch.randn(n, 16, dtype=torch.float64)
     results = {}
-    for mode in ("off", "rcm"):
+    for mode in ("off", "bfs"):
         K.set_locality(mode)
         K.clear_cache()
         out = K.aggregate(x, ei, w, reduce, n, backend=backend)
-        assert (K.get_csr(ei, n, n).order is not None) == (mode == "rcm")
+        assert (K.get_csr(ei, n, n).order is not None) == (mode == "bfs")
         gx, gw = torch.autograd.grad(out, (x, w), g)
         results[mode] = (out, gx, gw)
     # Forward: every row sums its edges in input order in both numberings (bit for bit);
     # backward sums a source's edges in another order: rounding only.
-    assert torch.equal(results["off"][0], results["rcm"][0])
-    for a, b in zip(results["off"][1:], results["rcm"][1:]):
+    assert torch.equal(results["off"][0], results["bfs"][0])
+    for a, b in zip(results["off"][1:], results["bfs"][1:]):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_rectangular_graphs_keep_their_order(small_window):
-    K.set_locality("rcm")
+    K.set_locality("bfs")
     ei, n = shuffled_grid()
     assert K.get_csr(ei, n, n).order is not None
     assert K.get_csr(ei, n + 5, n).order is None  # N_src != N_dst (a partition's graph)
@@ -107,10 +107,26 @@ def test_pyg_layers_unchanged_by_reordering(small_window, conv):
     x = torch.randn(n, 8, requires_grad=True)
     ref = layer(x, ei)
     (gref,) = torch.autograd.grad(ref.square().sum(), x)
-    K.set_locality("rcm")
+    K.set_locality("bfs")
     with K.use("cpp"):
         out = layer(x, ei)
         (gout,) = torch.autograd.grad(out.square().sum(), x)
     assert K.get_csr(ei, n, n).order is not None or conv is GCNConv  # GCN adds self-loops first
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gout, gref, rtol=1e-5, atol=1e-5)
+
+
+def test_expansion_tells_random_from_local_graphs(monkeypatch):
+    ei, n = shuffled_grid(side=60, deg=8)
+    csr = K.build_csr(ei, n, n)
+    local = locality.expansion(csr.rowptr, csr.col, n)
+    g = torch.Generator().manual_seed(2)
+    rnd = K.build_csr(torch.randint(0, n, (2, ei.size(1)), generator=g), n, n)
+    random = locality.expansion(rnd.rowptr, rnd.col, n)
+    assert local < 0.3 < locality.MAX_EXPANSION < random
+    # "auto" does not even try a breadth-first order on the random graph (it would cost as much as the CSR)
+    monkeypatch.setattr(locality, "MIN_EDGES", 0)
+    monkeypatch.setattr(locality, "bfs_order", lambda *a: pytest.fail("an order computed for a random graph"))
+    rsrc = rnd.col.long()
+    rdst = torch.repeat_interleave(torch.arange(n), rnd.rowptr[1:] - rnd.rowptr[:-1])
+    assert locality.choose_order(rsrc, rdst, rnd.rowptr, rnd.col, rnd.t_rowptr, rnd.t_col, n, "auto") is None
