@@ -28,7 +28,9 @@ Reported per layer: ``speedup = pyg / ours``; the Amdahl ceiling ``pyg / no_aggr
 check: ``ours``' output and gradients are compared with ``pyg``'s (max abs diff in the JSON).
 One further step of each variant runs under ``torch.profiler``; its ops' *self* CPU times
 are summed into categories (aggregation / dense / other, by op name, see ``categorize``)
-and the top ops are listed.
+and the top ops are listed. For the dense side, ``torch.mm`` alone on the same shapes
+(forward and weight-gradient products) gives what a linear layer's forward + backward takes
+at least with this torch (JSON ``dense_reference``).
 
 PyG's path materialises ``E x F`` messages (8M x 128 x 4 B = 4 GB) in forward and again in
 backward; it is skipped, with a note, when that does not fit in the memory available.
@@ -359,6 +361,20 @@ def machine_info(args: argparse.Namespace, argv: Optional[List[str]]) -> dict:
                 load_avg_start=os.getloadavg())
 
 
+def dense_reference(n: int, f: int, repeats: int) -> dict:
+    """``torch.mm`` alone on the layers' GEMM shapes (forward ``[N, F] x [F, F]``; the two
+    backward products, input gradient ``[N, F] x [F, F]`` and weight gradient ``[F, N] x [N, F]``),
+    best of ``repeats``: what the dense part of a step can take at least with this torch."""
+    a, w, g = torch.randn(n, f), torch.randn(f, f), torch.randn(n, f)
+    fwd = min(timeit(lambda: torch.mm(a, w), repeats, 1))
+    wgrad = min(timeit(lambda: torch.mm(g.t(), a), repeats, 1))
+    flops = 2.0 * n * f * f
+    # A linear layer's forward + backward is one forward-shaped product twice (output and
+    # input gradient) and one weight-gradient product.
+    return dict(mm_fwd_s=fwd, mm_wgrad_s=wgrad, gflops_fwd=flops / fwd / 1e9, gflops_wgrad=flops / wgrad / 1e9,
+                linear_fwd_bwd_s=2 * fwd + wgrad)
+
+
 def main(argv: Optional[List[str]] = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=500_000)
@@ -385,8 +401,13 @@ def main(argv: Optional[List[str]] = None) -> dict:
           f"THP_MEM_ALLOC_ENABLE={info['thp_mem_alloc']}; graph N={args.nodes:,} E={args.edges:,} "
           f"F={args.features} (max in-degree {graph['max_in_degree']:,}); 1 warm-up + best/median of {args.repeats}",
           flush=True)
+    dense = dense_reference(args.nodes, args.features, max(3, args.repeats))
+    print(f"# torch.mm alone, [N, F] x [F, F]: {dense['mm_fwd_s']:.3f}s ({dense['gflops_fwd']:.0f} GFLOP/s), weight "
+          f"gradient [F, N] x [N, F]: {dense['mm_wgrad_s']:.3f}s ({dense['gflops_wgrad']:.0f} GFLOP/s); one linear "
+          f"layer's forward + backward at that rate: {dense['linear_fwd_bwd_s']:.3f}s (GCNConv has one, SAGEConv two)",
+          flush=True)
     rows: List[dict] = []
-    result = dict(machine=info, graph=graph, layers=rows)
+    result = dict(machine=info, graph=graph, dense_reference=dense, layers=rows)
 
     def save() -> None:  # after every layer, so a late OOM kill keeps the earlier results
         if args.json:
