@@ -457,6 +457,7 @@ def plot(rows: List[dict], path: str) -> None:
     copy bandwidth measured with it) and its speed-up over the other contenders, for every
     (case, F) measured; written to ``path`` (PNG)."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -489,6 +490,8 @@ def plot(rows: List[dict], path: str) -> None:
     b.set_ylabel("forward time of contender / ours")
     b.set_title("speed-up of ours, forward (log scale)", fontsize=9)
     b.set_yscale("log")
+    b.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    b.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x" if v in (2, 3, 5) else ""))
     b.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
