@@ -592,6 +592,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             "invocation (its time is reported) but written only when missing."),
         formatter_class=_HelpFormatter)
     p.add_argument("--nodes", type=int, default=1_000_000, help="number of nodes")
+    p.add_argument("--graph", choices=("synthetic", "torus"), default="synthetic",
+                   help="edges: the synthetic community model, or a shuffled torus (mesh-like, locality "
+                        "hidden by the ids; its features/labels from the synthetic model)")
     p.add_argument("--avg-degree", type=float, default=10.0,
                    help="average degree (directed edges ~= nodes * avg degree)")
     p.add_argument("--features", type=int, default=128, help="input feature dimension")
@@ -665,9 +668,18 @@ def _prepare(opts: Dict[str, Any]) -> Dict[str, Any]:
     log(f"[graph] generating {opts['nodes']:,} nodes, avg degree {opts['avg_degree']}, "
         f"{opts['features']} features, {opts['classes']} classes ...")
     t0 = time.perf_counter()
-    data = synthetic_graph(opts["nodes"], avg_degree=opts["avg_degree"],
-                           num_features=opts["features"], num_classes=opts["classes"],
-                           seed=opts["seed"])
+    if opts.get("graph", "synthetic") == "torus":
+        # Features, labels and masks of the synthetic model, edges of a shuffled torus (locality
+        # hidden by the ids; see lightning_fullgraph.data.torus): for the kernels' node order.
+        from lightning_fullgraph.data import torus_graph
+        side = int(round(opts["nodes"] ** 0.5))
+        data = synthetic_graph(side * side, avg_degree=1.0, num_features=opts["features"],
+                               num_classes=opts["classes"], seed=opts["seed"])
+        data.edge_index = torus_graph(side * side, max(1, int(opts["avg_degree"])), seed=opts["seed"])
+    else:
+        data = synthetic_graph(opts["nodes"], avg_degree=opts["avg_degree"],
+                               num_features=opts["features"], num_classes=opts["classes"],
+                               seed=opts["seed"])
     gen_s = time.perf_counter() - t0
     fingerprint = graph_fingerprint(data)
     graph_path = cache / f"graph-{fingerprint[:16]}.pt"
@@ -681,6 +693,7 @@ def _prepare(opts: Dict[str, Any]) -> Dict[str, Any]:
     graph_info = {"num_nodes": int(data.num_nodes), "num_edges": int(data.edge_index.size(1)),
                   "num_features": int(data.x.size(1)), "num_classes": opts["classes"],
                   "num_train": int(data.train_mask.sum()), "avg_degree_arg": opts["avg_degree"],
+                  "graph": opts.get("graph", "synthetic"),
                   "seed": opts["seed"], "fingerprint": fingerprint, "generate_s": gen_s,
                   "save_s": save_s, "reused_file": reused_file, "path": str(graph_path),
                   "file_bytes": graph_path.stat().st_size}
@@ -729,7 +742,7 @@ def main(argv=None) -> int:
 
     # The parent imports no torch: it only spawns children and formats results.
     t0 = time.perf_counter()
-    prep = spawn_config({"nodes": args.nodes, "avg_degree": args.avg_degree,
+    prep = spawn_config({"nodes": args.nodes, "avg_degree": args.avg_degree, "graph": args.graph,
                          "features": args.features, "classes": args.classes,
                          "seed": args.seed, "cores": args.cores, "parts": args.parts_list,
                          "cache_dir": str(args.cache_dir.resolve()), "json": args.json},

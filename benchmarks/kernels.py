@@ -90,23 +90,18 @@ def power_law_graph(num_nodes: int, num_edges: int, *, src_skew: float, dst_skew
 
 
 def torus_graph(num_nodes: int, num_edges: int, *, radius: int = 3, seed: int = 0) -> torch.Tensor:
-    """A graph with locality hidden by shuffled ids: ``E / N`` in-edges per node from random
-    cells within ``radius`` on a ``sqrt(N) x sqrt(N)`` torus (a mesh / k-NN-like structure),
-    node ids then randomly permuted, as datasets ship them. An order that recovers the
-    neighbourhoods (a breadth-first order, see ``lightning_fullgraph.kernels.locality``) makes the gathers
-    cache hits; in the shuffled ids they are as random as in the power-law graphs.
+    """A graph with locality hidden by shuffled ids (``lightning_fullgraph.data.torus_graph``,
+    ``E / N`` in-edges per node from cells within ``radius``). An order that recovers the
+    neighbourhoods (a breadth-first order, see ``lightning_fullgraph.kernels.locality``) makes
+    the gathers cache hits; in the shuffled ids they are as random as in the power-law graphs.
 
     Returns:
         ``[2, E]`` int64 ``edge_index`` (``E`` rounded down to a multiple of ``N``).
     """
+    from lightning_fullgraph.data import torus_graph as torus
+
     side = int(round(num_nodes ** 0.5))
-    n, deg = side * side, max(1, num_edges // (side * side))
-    g = torch.Generator().manual_seed(seed)
-    dst = torch.arange(n).repeat_interleave(deg)
-    dx = torch.randint(-radius, radius + 1, (n * deg,), generator=g)
-    dy = torch.randint(-radius, radius + 1, (n * deg,), generator=g)
-    src = ((dst // side + dy) % side) * side + (dst % side + dx) % side
-    return torch.randperm(n, generator=g)[torch.stack([src, dst])]
+    return torus(num_nodes, max(1, num_edges // (side * side)), radius=radius, seed=seed)
 
 
 def make_graph(spec, seed: int) -> torch.Tensor:

@@ -3,6 +3,7 @@ specs and up-front validation of user graphs."""
 from lightning_fullgraph.data.cora import load_cora
 from lightning_fullgraph.data.datasets import load_dataset
 from lightning_fullgraph.data.synthetic import synthetic_graph
+from lightning_fullgraph.data.torus import torus_graph
 from lightning_fullgraph.data.validation import (
     GraphReport,
     GraphValidationError,
@@ -14,6 +15,7 @@ from lightning_fullgraph.data.validation import (
 __all__ = [
     "load_cora",
     "synthetic_graph",
+    "torus_graph",
     "load_dataset",
     "validate_graph",
     "GraphReport",

@@ -40,7 +40,7 @@ class CSRGraph:
         t_col: ``[E]`` destination node of each transposed edge.
         t_perm: ``[E]`` CSR position of each transposed edge (to permute weights; dtype of ``col``).
         order: ``None``, or the :class:`~.locality.NodeOrder` the structure is numbered in
-            (square graphs reordered for locality: rows of ``x`` go through ``order.perm``
+            (graphs reordered for locality: rows of ``x`` go through ``order.src_perm``
             before the kernels, output rows back through ``order.inv``; the edges keep their
             input order, so ``perm`` still maps CSR positions to input edge ids).
         num_src: ``N_src``.
@@ -214,22 +214,23 @@ def get_csr(edge_index: Tensor, num_src: int, num_dst: int) -> CSRGraph:
         The :class:`CSRGraph`; equal graphs share one instance.
     """
     assume_sorted = bool(getattr(edge_index, "is_sorted_by_col", False))
-    mode = get_locality() if int(num_src) == int(num_dst) else "off"
+    mode = get_locality() if int(num_src) >= int(num_dst) else "off"
     return _cached(edge_index, ("csr", int(num_src), int(num_dst), mode),
                    lambda ei: _build_ordered(ei, num_src, num_dst, assume_sorted, mode))
 
 
 def _build_ordered(ei: Tensor, num_src: int, num_dst: int, assume_sorted: bool, mode: str) -> CSRGraph:
-    # The CSR in the graph's own ids, then (square graphs whose locality an order improves,
-    # see .locality) once more in that order.
+    # The CSR in the graph's own ids, then (graphs whose locality an order improves, see
+    # .locality) once more in that order.
     csr = build_csr(ei, num_src, num_dst, assume_sorted=assume_sorted)
-    if mode == "off" or num_src != num_dst:
+    if mode == "off" or num_src < num_dst:
         return csr
     src, dst = ei[0].long(), ei[1].long()
-    order = choose_order(src, dst, csr.rowptr, csr.col, csr.t_rowptr, csr.t_col, int(num_src), mode)
+    order = choose_order(src, dst, csr.rowptr, csr.col, csr.t_rowptr, csr.t_col, int(num_dst), mode,
+                         num_src=int(num_src))
     if order is None:
         return csr
-    relabeled = build_csr(torch.stack([order.inv[src], order.inv[dst]]), num_src, num_dst)
+    relabeled = build_csr(torch.stack([order.src_inv[src], order.inv[dst]]), num_src, num_dst)
     return dataclasses.replace(relabeled, order=order)
 
 

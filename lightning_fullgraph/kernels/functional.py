@@ -68,7 +68,7 @@ def aggregate(
     be = _backend.resolve(backend, x.device) or "torch"
     w = csr.permute_edge_values(weight.reshape(-1) if weight is not None else None, be)
     if csr.order is not None:  # numbered for locality: rows in, and back out (see .locality)
-        x = permute_rows(x, csr.order.perm, csr.order.inv)
+        x = permute_rows(x, csr.order.src_perm, csr.order.src_inv)
     if reduce == "max":
         out, _ = ops.csr_max(csr.rowptr, csr.col, w, x, be)
     else:

@@ -23,11 +23,16 @@ source rows before and one of the output rows after each aggregation (two row ga
 the ``E / N`` per row of the aggregation itself), and for the backward the same again;
 callers see their own node ids throughout.
 
-Only square graphs (``N_src == N_dst``: a whole graph in one process) are reordered; the
-rectangular graphs of a partition (owned + halo sources, owned destinations) keep their order.
+Graphs with at least as many sources as destinations are taken to number their destinations
+as their first sources: a whole graph in one process (square), and a partition's graph, whose
+sources are the owned rows (the destinations, in the same ids) followed by halo rows. The
+order is computed on that leading square and the remaining sources keep their positions after
+it. Sources and destinations are permuted separately, so the result is right for any graph;
+for one whose ids do not follow that convention the order finds no locality and is not used.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,7 +40,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["NodeOrder", "locality_score", "bfs_order", "choose_order", "set_locality", "get_locality",
-           "permute_rows", "expansion", "MODES", "WINDOW", "MIN_GAIN", "MIN_EDGES", "MAX_EXPANSION"]
+           "permute_rows", "expansion", "ENV", "MODES", "WINDOW", "MIN_GAIN", "MIN_EDGES", "MAX_EXPANSION"]
 
 MODES = ("auto", "bfs", "off")
 #: Positions within which an edge counts as local: 4096 rows of 128 fp32 = 2 MiB.
@@ -47,22 +52,30 @@ MIN_EDGES = 1 << 20
 #: 3-hop balls at least this fraction of a tree's size: expands like a random graph.
 MAX_EXPANSION = 0.5
 
-_default = "auto"
+#: Environment variable giving the default mode (e.g. for every rank of a launched job).
+ENV = "LIGHTNING_FULLGRAPH_LOCALITY"
+_default: Optional[str] = None  # set_locality's choice; else the environment's, else "auto"
 
 
-def set_locality(mode: str) -> None:
-    """Set how graphs are ordered for the kernels: ``"auto"`` (default: reorder large square
-    graphs when a breadth-first order gains locality), ``"bfs"`` (always, for square graphs)
-    or ``"off"``."""
+def set_locality(mode: Optional[str]) -> None:
+    """Set how graphs are ordered for the kernels: ``"auto"`` (default: reorder large graphs
+    when a breadth-first order gains locality), ``"bfs"`` (always) or ``"off"``; ``None``
+    goes back to ``$LIGHTNING_FULLGRAPH_LOCALITY`` (or ``"auto"``)."""
     global _default
-    if mode not in MODES:
+    if mode is not None and mode not in MODES:
         raise ValueError(f"locality mode must be one of {MODES}, got {mode!r}")
     _default = mode
 
 
 def get_locality() -> str:
-    """The mode in effect (see :func:`set_locality`)."""
-    return _default
+    """The mode in effect: :func:`set_locality`'s, else ``$LIGHTNING_FULLGRAPH_LOCALITY``'s,
+    else ``"auto"``."""
+    if _default is not None:
+        return _default
+    mode = os.environ.get(ENV, "").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"{ENV}={os.environ[ENV]!r}: must be one of {MODES}")
+    return mode
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +89,8 @@ class NodeOrder:
         score_before: :func:`locality_score` of the graph's own order.
         score_after: the same in this order.
         seconds: time spent computing the order and the scores.
+        src_perm, src_inv: the same for the source rows (``[N_src]``): ``perm`` then the
+            sources beyond ``N_dst`` in place; ``perm``/``inv`` themselves for a square graph.
     """
 
     perm: Tensor
@@ -84,6 +99,13 @@ class NodeOrder:
     score_before: float
     score_after: float
     seconds: float
+    src_perm: Optional[Tensor] = None
+    src_inv: Optional[Tensor] = None
+
+    def __post_init__(self) -> None:
+        if self.src_perm is None:  # square graph: sources are ordered like the destinations
+            object.__setattr__(self, "src_perm", self.perm)
+            object.__setattr__(self, "src_inv", self.inv)
 
 
 def locality_score(src: Tensor, dst: Tensor, window: int = WINDOW) -> float:
@@ -120,6 +142,7 @@ def expansion(rowptr: Tensor, col: Tensor, num_nodes: int, samples: int = 16, ho
             # positions [start, end) of every frontier row, concatenated
             offsets = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts)
             nxt = col[torch.arange(int(counts.sum())) + offsets].long().unique()
+            nxt = nxt[nxt < num_nodes]  # sources beyond the leading square (halo rows)
             frontier = nxt[~torch.isin(nxt, ball)]
             ball = torch.cat([ball, frontier])
             if ball.numel() >= tree:
@@ -140,12 +163,12 @@ def bfs_order(rowptr: Tensor, col: Tensor, t_rowptr: Tensor, t_col: Tensor, num_
 
     Args:
         rowptr, col: CSR of in-edges (``col`` = sources); ``t_rowptr, t_col``: of out-edges.
-        num_nodes: ``N``.
+        num_nodes: ``N``, the destinations; sources from ``N`` on (halo rows) are not ordered.
 
     Returns:
         ``[N]`` int64 ``perm``: the old id at each new position.
     """
-    deg = (rowptr[1:] - rowptr[:-1]) + (t_rowptr[1:] - t_rowptr[:-1])
+    deg = (rowptr[1:] - rowptr[:-1]) + (t_rowptr[1:num_nodes + 1] - t_rowptr[:num_nodes])
     visited = torch.zeros(num_nodes, dtype=torch.bool)
     visited[deg == 0] = True  # appended at the end
     by_degree = torch.argsort(deg, stable=True)
@@ -174,6 +197,7 @@ def bfs_order(rowptr: Tensor, col: Tensor, t_rowptr: Tensor, t_col: Tensor, num_
             order.append(frontier)
             # out-neighbours of each frontier node after its in-neighbours, frontier in order
             nb = torch.cat([neighbours(frontier, rowptr, col), neighbours(frontier, t_rowptr, t_col)])
+            nb = nb[nb < num_nodes]
             nb = nb[~visited[nb]]
             if nb.numel() == 0:
                 break
@@ -188,15 +212,16 @@ def bfs_order(rowptr: Tensor, col: Tensor, t_rowptr: Tensor, t_col: Tensor, num_
 
 
 def choose_order(src: Tensor, dst: Tensor, rowptr: Tensor, col: Tensor, t_rowptr: Tensor, t_col: Tensor,
-                 num_nodes: int, mode: Optional[str] = None) -> Optional[NodeOrder]:
-    """The order to use for a square graph (``None``: keep its own).
+                 num_nodes: int, mode: Optional[str] = None, num_src: Optional[int] = None) -> Optional[NodeOrder]:
+    """The order to use for a graph (``None``: keep its own; see the module docstring).
 
     Args:
         src, dst: ``[E]`` edge endpoints in the graph's own ids.
         rowptr, col: its destination-sorted CSR (``col`` = sources), on the CPU;
             ``t_rowptr, t_col`` its transpose.
-        num_nodes: ``N``.
+        num_nodes: ``N_dst``.
         mode: ``"auto"``, ``"bfs"`` or ``"off"``; default :func:`get_locality`.
+        num_src: ``N_src >= N_dst`` (default ``N_dst``).
     """
     import time
 
@@ -204,7 +229,8 @@ def choose_order(src: Tensor, dst: Tensor, rowptr: Tensor, col: Tensor, t_rowptr
     if mode not in MODES:
         raise ValueError(f"locality mode must be one of {MODES}, got {mode!r}")
     e = src.numel()
-    if mode == "off" or num_nodes < 2 or e == 0 or src.device.type != "cpu" or \
+    num_src = num_nodes if num_src is None else int(num_src)
+    if mode == "off" or num_nodes < 2 or e == 0 or src.device.type != "cpu" or num_src < num_nodes or \
             (mode == "auto" and e < MIN_EDGES):
         return None
     t = time.perf_counter()
@@ -216,11 +242,15 @@ def choose_order(src: Tensor, dst: Tensor, rowptr: Tensor, col: Tensor, t_rowptr
     perm = bfs_order(rowptr, col, t_rowptr, t_col, num_nodes)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(num_nodes)
-    after = locality_score(inv[src], inv[dst])
+    src_perm = src_inv = None
+    if num_src > num_nodes:  # the sources beyond the leading square stay where they are
+        rest = torch.arange(num_nodes, num_src)
+        src_perm, src_inv = torch.cat([perm, rest]), torch.cat([inv, rest])
+    after = locality_score((inv if src_inv is None else src_inv)[src], inv[dst])
     seconds = time.perf_counter() - t
     if mode == "auto" and after < before + MIN_GAIN:
         return None
-    return NodeOrder(perm, inv, "bfs", before, after, seconds)
+    return NodeOrder(perm, inv, "bfs", before, after, seconds, src_perm, src_inv)
 
 
 class _PermuteRows(torch.autograd.Function):

@@ -27,7 +27,7 @@ def small_window(monkeypatch):
     monkeypatch.setattr(locality, "MIN_EDGES", 0)
     monkeypatch.setattr(locality.locality_score, "__defaults__", (64,))
     yield
-    K.set_locality("auto")
+    K.set_locality(None)
     K.clear_cache()
 
 
@@ -63,6 +63,16 @@ def test_size_floor_and_modes(monkeypatch):
     assert _order(ei, n, "auto") is None  # 9.6k edges < MIN_EDGES: left alone
     with pytest.raises(ValueError, match="locality mode"):
         K.set_locality("fast")
+    monkeypatch.setenv(locality.ENV, "off")
+    assert K.get_locality() == "off"
+    K.set_locality("bfs")
+    assert K.get_locality() == "bfs"  # an explicit choice beats the environment
+    K.set_locality(None)
+    monkeypatch.setenv(locality.ENV, "sometimes")
+    with pytest.raises(ValueError, match="LIGHTNING_FULLGRAPH_LOCALITY"):
+        K.get_locality()
+    monkeypatch.delenv(locality.ENV)
+    assert K.get_locality() == "auto"
     with pytest.raises(ValueError, match="locality mode"):
         _order(ei, n, "fast")
 
@@ -91,11 +101,60 @@ def test_reordered_aggregation_equals_own_order(small_window, backend, reduce):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_rectangular_graphs_keep_their_order(small_window):
+def with_halo(ei, n, num_halo=200, num_edges=600, seed=5):
+    """A partition's graph: sources are the n owned rows then halo rows, destinations owned."""
+    g = torch.Generator().manual_seed(seed)
+    halo = torch.stack([n + torch.randint(0, num_halo, (num_edges,), generator=g),
+                        torch.randint(0, n, (num_edges,), generator=g)])
+    return torch.cat([ei, halo], 1), n + num_halo
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+def test_partition_graph_ordered_on_its_owned_rows(small_window, backend):
+    if backend == "cpp":
+        cpp_or_skip()
+    grid, n = shuffled_grid()
+    ei, n_src = with_halo(grid, n)
+    order = _order_rect(ei, n_src, n, "auto")
+    assert order is not None and order.score_after > order.score_before + locality.MIN_GAIN
+    # owned rows reordered, halo rows where they were
+    assert torch.equal(order.src_perm[:n], order.perm) and torch.equal(order.src_perm[n:], torch.arange(n, n_src))
+    x = torch.randn(n_src, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(ei.size(1), dtype=torch.float64, requires_grad=True)
+    results = {}
+    for mode in ("off", "bfs"):
+        K.set_locality(mode)
+        K.clear_cache()
+        out = K.aggregate(x, ei, w, "sum", n, backend=backend)
+        assert (K.get_csr(ei, n_src, n).order is not None) == (mode == "bfs")
+        results[mode] = (out, *torch.autograd.grad(out.square().sum(), (x, w)))
+    assert torch.equal(results["off"][0], results["bfs"][0])
+    for a, b in zip(results["off"][1:], results["bfs"][1:]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_graphs_with_fewer_sources_keep_their_order(small_window):
     K.set_locality("bfs")
     ei, n = shuffled_grid()
     assert K.get_csr(ei, n, n).order is not None
-    assert K.get_csr(ei, n + 5, n).order is None  # N_src != N_dst (a partition's graph)
+    keep = ei[0] < n - 5
+    assert K.get_csr(ei[:, keep], n - 5, n).order is None  # N_src < N_dst: no leading square
+
+
+def test_bipartite_ids_unrelated_find_nothing(small_window):
+    # Sources and destinations that are different node sets in unrelated ids: the leading-square
+    # reading of the ids finds no locality, and "auto" keeps the graph's order.
+    ei, n = shuffled_grid()
+    g = torch.Generator().manual_seed(9)
+    relabel = torch.randperm(n, generator=g)
+    bip = torch.stack([relabel[ei[0]], ei[1]])
+    assert _order_rect(bip, n, n, "auto") is None
+
+
+def _order_rect(ei, n_src, n_dst, mode):
+    csr = K.build_csr(ei, n_src, n_dst)
+    return locality.choose_order(ei[0], ei[1], csr.rowptr, csr.col, csr.t_rowptr, csr.t_col, n_dst, mode,
+                                 num_src=n_src)
 
 
 @pytest.mark.parametrize("conv", [GCNConv, SAGEConv])
