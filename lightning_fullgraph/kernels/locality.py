@@ -18,10 +18,13 @@ building the CSR, so ``"auto"`` first asks whether there is any locality to find
 with structure, the nodes within three hops of a node are few (a mesh's ball grows with the
 cube of the radius, not with the degree cubed); when sampled 3-hop balls reach
 :data:`MAX_EXPANSION` of ``1 + d + d^2 + d^3`` nodes (``d`` the mean degree), the graph
-expands like a random one and no order is computed.  Reordering costs one permutation of the
+expands like a random one and no order is computed; an order already scoring
+:data:`ALREADY_LOCAL` is kept as it is.  Reordering costs one permutation of the
 source rows before and one of the output rows after each aggregation (two row gathers against
 the ``E / N`` per row of the aggregation itself), and for the backward the same again;
-callers see their own node ids throughout.
+callers see their own node ids throughout.  Those two permutations cost about as much as the
+reordered aggregation itself; a caller that keeps its data in the order
+(:class:`~lightning_fullgraph.data.LocalityOrder`, a PyG transform) pays neither.
 
 Graphs with at least as many sources as destinations are taken to number their destinations
 as their first sources: a whole graph in one process (square), and a partition's graph, whose
@@ -40,7 +43,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["NodeOrder", "locality_score", "bfs_order", "choose_order", "set_locality", "get_locality",
-           "permute_rows", "expansion", "ENV", "MODES", "WINDOW", "MIN_GAIN", "MIN_EDGES", "MAX_EXPANSION"]
+           "permute_rows", "expansion", "ENV", "MODES", "WINDOW", "MIN_GAIN", "MIN_EDGES", "MAX_EXPANSION", "ALREADY_LOCAL"]
 
 MODES = ("auto", "bfs", "off")
 #: Positions within which an edge counts as local: 4096 rows of 128 fp32 = 2 MiB.
@@ -51,6 +54,9 @@ MIN_GAIN = 0.25
 MIN_EDGES = 1 << 20
 #: 3-hop balls at least this fraction of a tree's size: expands like a random graph.
 MAX_EXPANSION = 0.5
+#: A graph whose own order already scores this is left alone by ``"auto"`` (e.g. one ordered by
+#: :class:`~lightning_fullgraph.data.LocalityOrder`: the breadth-first order of a mesh scores ~0.5).
+ALREADY_LOCAL = 0.45
 
 #: Environment variable giving the default mode (e.g. for every rank of a launched job).
 ENV = "LIGHTNING_FULLGRAPH_LOCALITY"
@@ -212,7 +218,8 @@ def bfs_order(rowptr: Tensor, col: Tensor, t_rowptr: Tensor, t_col: Tensor, num_
 
 
 def choose_order(src: Tensor, dst: Tensor, rowptr: Tensor, col: Tensor, t_rowptr: Tensor, t_col: Tensor,
-                 num_nodes: int, mode: Optional[str] = None, num_src: Optional[int] = None) -> Optional[NodeOrder]:
+                 num_nodes: int, mode: Optional[str] = None, num_src: Optional[int] = None,
+                 min_edges: Optional[int] = None) -> Optional[NodeOrder]:
     """The order to use for a graph (``None``: keep its own; see the module docstring).
 
     Args:
@@ -222,6 +229,7 @@ def choose_order(src: Tensor, dst: Tensor, rowptr: Tensor, col: Tensor, t_rowptr
         num_nodes: ``N_dst``.
         mode: ``"auto"``, ``"bfs"`` or ``"off"``; default :func:`get_locality`.
         num_src: ``N_src >= N_dst`` (default ``N_dst``).
+        min_edges: ``"auto"`` leaves smaller graphs alone (default :data:`MIN_EDGES`).
     """
     import time
 
@@ -231,12 +239,12 @@ def choose_order(src: Tensor, dst: Tensor, rowptr: Tensor, col: Tensor, t_rowptr
     e = src.numel()
     num_src = num_nodes if num_src is None else int(num_src)
     if mode == "off" or num_nodes < 2 or e == 0 or src.device.type != "cpu" or num_src < num_nodes or \
-            (mode == "auto" and e < MIN_EDGES):
+            (mode == "auto" and e < (MIN_EDGES if min_edges is None else min_edges)):
         return None
     t = time.perf_counter()
     before = locality_score(src, dst)
-    if mode == "auto" and before >= 1.0 - MIN_GAIN:
-        return None  # already local: nothing an order could add
+    if mode == "auto" and before >= ALREADY_LOCAL:
+        return None  # already local (ordered by its maker, or by us before)
     if mode == "auto" and expansion(rowptr, col, num_nodes) >= MAX_EXPANSION:
         return None  # expands like a random graph: no order has locality
     perm = bfs_order(rowptr, col, t_rowptr, t_col, num_nodes)
