@@ -190,7 +190,10 @@ def _fingerprint(ei: Tensor) -> Tuple:
     e = ei.size(1)
     if e == 0:
         return (ei.device, 0)
-    pos = torch.linspace(0, e - 1, steps=min(_SAMPLES, e), device=ei.device).long()
+    # Integer positions: a float32 linspace rounds e - 1 up to e beyond 2^24 edges (17M edges
+    # indexed position 17,000,000).
+    k = min(_SAMPLES, e)
+    pos = torch.arange(k, device=ei.device) * (e - 1) // max(1, k - 1)
     return (ei.device, e, tuple(ei[:, pos].flatten().tolist()))
 
 

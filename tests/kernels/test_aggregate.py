@@ -87,6 +87,14 @@ def test_csr_cache_recognises_equal_content():
     assert csr_mod.get_csr(ei2, 40, 40) is not a
 
 
+def test_fingerprint_positions_stay_in_range_beyond_2_24_edges():
+    # 17M edges: a float32 linspace put the last sample at position 17,000,000 (IndexError).
+    for e in (1, 2, 31, 33, 17_000_000, 2**25 + 1):
+        ei = torch.zeros(2, 1, dtype=torch.long).expand(2, e)  # no memory: stride-0 view
+        fp = csr_mod._fingerprint(ei)
+        assert fp[1] == e and len(fp[2]) == 2 * min(csr_mod._SAMPLES, e)
+
+
 def test_sorted_input_skips_argsort():
     ei = make_graph(40, 40, 300)
     ei = ei[:, torch.argsort(ei[1], stable=True)]
