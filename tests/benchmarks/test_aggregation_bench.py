@@ -3,7 +3,6 @@
 Runs the script as a user would (a subprocess, ``--json``) on Cora and a tiny synthetic graph,
 without training processes, and checks that its JSON is self-consistent.
 """
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,15 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "aggregation.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("aggregation_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_gcn_epoch_bytes_formula():
-    bench = _module()
+def test_gcn_epoch_bytes_formula(load_benchmark):
+    bench = load_benchmark("aggregation")
     counts = {"post_send": 10, "post_recv": 7, "pre_send": 3, "pre_recv": 5}
     b = bench.gcn_epoch_bytes(counts, [16, 7])
     W = 16 + 7

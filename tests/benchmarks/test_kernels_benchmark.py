@@ -1,6 +1,5 @@
 """Smoke test of ``benchmarks/kernels.py``: the shuffled torus is reordered for locality, both
 orders are timed and give the same result, the JSON, table and figure come out."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,19 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "kernels.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("kernels_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return mod
-
-
-def test_torus_graph_hides_locality():
-    bench = _module()
+def test_torus_graph_hides_locality(load_benchmark):
+    bench = load_benchmark("kernels")
     ei = bench.torus_graph(400, 2400, radius=1, seed=0)
     assert ei.shape == (2, 2400) and int(ei.max()) < 400
     # every node has 6 in-edges from its 3 x 3 neighbourhood, under shuffled ids

@@ -1,6 +1,5 @@
 """Smoke test of ``benchmarks/layers.py`` on a tiny graph: it runs end to end, ours matches PyG,
 ours really runs our kernels, and the free-aggregation stand-in is applied and reverted."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,16 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "layers.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("layers_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("layer", ["gcn", "sage"])
-def test_free_aggregation_applies_and_reverts(layer):
-    bench = _module()
+def test_free_aggregation_applies_and_reverts(layer, load_benchmark):
+    bench = load_benchmark("layers")
     conv = bench.make_layer(layer, 8)
     x = torch.randn(5, 8)
     ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])

@@ -1,0 +1,27 @@
+"""Shared by the benchmark script tests: load a script under benchmarks/ as a module."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "benchmarks"
+
+
+@pytest.fixture
+def load_benchmark():
+    """``load_benchmark("kernels")`` -> the module of ``benchmarks/kernels.py`` (its directory on
+    ``sys.path`` while it loads, for the scripts that import each other)."""
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"{name}_bench", SCRIPTS / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(SCRIPTS))
+        try:
+            spec.loader.exec_module(mod)
+        finally:
+            sys.path.remove(str(SCRIPTS))
+        return mod
+
+    return load
