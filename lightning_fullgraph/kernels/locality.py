@@ -43,14 +43,15 @@ import torch
 from torch import Tensor
 
 __all__ = ["NodeOrder", "locality_score", "bfs_order", "choose_order", "set_locality", "get_locality",
-           "permute_rows", "expansion", "ENV", "MODES", "WINDOW", "MIN_GAIN", "MIN_EDGES", "MAX_EXPANSION", "ALREADY_LOCAL"]
+           "permute_rows", "expansion", "ENV", "MODES", "WINDOW", "MIN_GAIN", "MIN_EDGES", "MAX_EXPANSION",
+           "ALREADY_LOCAL"]
 
 MODES = ("auto", "bfs", "off")
 #: Positions within which an edge counts as local: 4096 rows of 128 fp32 = 2 MiB.
 WINDOW = 4096
 #: Score gain (fraction of edges that become local) for ``"auto"`` to reorder.
 MIN_GAIN = 0.25
-#: ``"auto"`` leaves graphs with fewer edges alone (they fit in cache; RCM would only cost).
+#: ``"auto"`` leaves graphs with fewer edges alone (mostly cache-resident: an order would only cost).
 MIN_EDGES = 1 << 20
 #: 3-hop balls at least this fraction of a tree's size: expands like a random graph.
 MAX_EXPANSION = 0.5
