@@ -2,9 +2,26 @@ r"""Measuring the :class:`~.link.LinkModel` of a process group.
 
 :func:`calibrate` runs a short size sweep of ``all_to_all_single`` -- the one collective the
 halo exchange uses (:class:`~lightning_fullgraph.engine.Transport`) -- on the group that trains:
-for every size, a few timed repetitions after a barrier (the sizes taking turns), their median;
-then the medians of all ranks are reduced with ``MAX`` so that every rank holds the same numbers (and, from them, takes
-the same decisions).  The latency is the median time of an exchange of zero bytes divided by
+for every size, timed repetitions (the sizes taking turns), each one entered the way the
+engine enters its exchanges in training: after some compute, the ranks arriving at different
+times (every rank busy-waits a uniformly drawn ``[0, skew_s]`` seconds before it, from a
+generator seeded by its rank).  Every rank's times are all-gathered; a repetition counts the
+time of its *fastest* rank (the one that arrived last, so it waited for no one's compute: the
+exchange alone, the way the engine's counters are read in training), and a size counts the
+**mean** over repetitions.  All ranks compute these numbers from the same gathered times, so
+they hold the same model (and, from it, take the same decisions).
+
+Why this protocol: a rank that waited for its peers finds them asleep in the transport,
+and where ranks share cores (4 processes on 2 here) their wake-up is sometimes a
+scheduler tick of milliseconds.  Exchanges in training are therefore heavy-tailed, and an
+epoch's exchange time is a sum of them: its expectation needs the mean of a single
+exchange, tails included, measured with peers that were waiting rather than woken together
+by a barrier.  The former protocol (a barrier before each exchange, the maximum over ranks
+of a per-rank median of 7) measured the hot path only and moved the latency of 4 ranks on 2
+cores between 195 and 1,332 us/peer from run to run; exchanges in training took 2-4x its
+predictions there.  ``skew_s=0`` restores the barrier (the hot path), for comparison.
+
+The latency is the mean time of an exchange of zero bytes divided by
 the number of peers; the bandwidth is the least-squares slope of the remaining sizes through
 that intercept.  The codec throughput is the median time of ``encode`` + ``decode`` of a block
 of rows (the identity codec by default, which is nearly free).
@@ -14,6 +31,7 @@ Without a process group (or with one rank) the exchange is what
 :func:`calibrate_local` measures a group of local gloo processes it spawns, for tools (the
 ``plan`` command) that run outside a training job.
 """
+import random
 import statistics
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -60,11 +78,21 @@ def _buffers(nbytes: int, world: int, rank: int, device: torch.device):
     return send, torch.empty_like(send), splits
 
 
+def _busy(seconds: float) -> None:
+    r"""Spins for :obj:`seconds` (stands for the compute before an exchange in training)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def _time_once(send, recv, splits, world: int, group: Optional[Any],
-               device: torch.device) -> float:
-    r"""Seconds of one ``all_to_all_single`` after a barrier (a copy for one rank)."""
-    if world > 1:
+               device: torch.device, before: float) -> float:
+    r"""Seconds of one ``all_to_all_single`` (a copy for one rank), entered after
+    :obj:`before` seconds of busy-waiting, or after a barrier if that is ``0``."""
+    if world > 1 and before <= 0:
         dist.barrier(group=group)
+    else:
+        _busy(before)
     _sync(device)
     t0 = time.perf_counter()
     if world > 1:
@@ -77,18 +105,32 @@ def _time_once(send, recv, splits, world: int, group: Optional[Any],
 
 
 def _sweep(sizes: Sequence[int], world: int, rank: int, group: Optional[Any],
-           device: torch.device, repeats: int, warmup: int) -> List[float]:
-    r"""Median seconds per size.  The sizes take turns within every repetition, so that a
-    passing disturbance (another job on the machine) touches all of them alike instead of
-    one size's samples."""
+           device: torch.device, repeats: int, warmup: int, skew_s: float) -> torch.Tensor:
+    r"""This rank's seconds, ``[repeats, len(sizes)]`` (float64, CPU).  The sizes take turns
+    within every repetition, so that a passing disturbance (another job on the machine)
+    touches all of them alike instead of one size's samples."""
     buffers = [_buffers(s, world, rank, device) for s in sizes]
-    times: List[List[float]] = [[] for _ in sizes]
+    draws = random.Random(rank)
+    times = torch.zeros(repeats, len(sizes), dtype=torch.float64)
     for i in range(warmup + repeats):
         for j, (send, recv, splits) in enumerate(buffers):
-            t = _time_once(send, recv, splits, world, group, device)
+            before = draws.uniform(0.0, skew_s) if skew_s > 0 else 0.0
+            t = _time_once(send, recv, splits, world, group, device, before)
             if i >= warmup:
-                times[j].append(t)
-    return [statistics.median(t) for t in times]
+                times[i - warmup, j] = t
+    return times
+
+
+def _fastest_rank_means(times: torch.Tensor, world: int, backend: str,
+                        group: Optional[Any], device: torch.device) -> List[float]:
+    r"""Per size, the mean over repetitions of the fastest rank's time (identical on every
+    rank: computed from the all-gathered times)."""
+    if world > 1:
+        local = times.to(device) if backend == "nccl" else times
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local, group=group)
+        times = torch.stack([g.cpu() for g in gathered]).min(dim=0).values
+    return times.mean(dim=0).tolist()
 
 
 def calibrate_codec(codec: Any = None, *, rows: int = 4096, width: int = 128,
@@ -138,21 +180,27 @@ def _fit(sizes: Sequence[int], seconds: Sequence[float], world: int):
 
 
 def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZES,
-              repeats: int = 7, warmup: int = 2, device: Optional[torch.device] = None,
+              repeats: int = 60, warmup: int = 2, skew_s: float = 2e-3,
+              device: Optional[torch.device] = None,
               codec: Any = None, codec_rows: int = 4096, codec_width: int = 128) -> LinkModel:
     r"""Measures latency, bandwidth and codec throughput on :obj:`group`.
 
     Every rank of the group must call it at the same point (it runs barriers and
-    ``all_to_all_single`` collectives, then one ``all_reduce``).  The result is identical on
-    all ranks: each size's median is the maximum over ranks.
+    ``all_to_all_single`` collectives, then one ``all_gather`` and one ``all_reduce``).  The
+    result is identical on all ranks: each size counts the mean over repetitions of the
+    fastest rank's time; the codec, the slowest rank's median.
 
     Args:
         group (ProcessGroup, optional): The group (default: the world; without an initialized
             process group, this process alone).
         sizes (Sequence[int]): Bytes one rank sends per exchange; ``0`` is always measured
             (the latency).
-        repeats (int): Timed repetitions per size (their median counts).
+        repeats (int): Timed repetitions per size (the mean over them of the fastest
+            rank's time counts; the codec is timed ``min(repeats, 7)`` times).
         warmup (int): Untimed repetitions per size before those.
+        skew_s (float): Each rank busy-waits a uniformly drawn ``[0, skew_s]`` seconds before
+            every exchange, so that ranks arrive at different times as in training; ``0``
+            puts a barrier there instead.
         device (torch.device, optional): Device of the buffers (default: the current CUDA
             device with NCCL, else CPU).
         codec (Codec, optional): Codec whose throughput is measured (default: identity).
@@ -169,24 +217,27 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
         raise ValueError(f"sizes must be >= 0, got {sizes}")
     world, rank, backend = _group_info(group)
     device = torch.device(device) if device is not None else _default_device(backend)
-    medians = _sweep(sizes, world, rank, group, device, repeats, warmup)
-    codec_s = calibrate_codec(codec, rows=codec_rows, width=codec_width, repeats=repeats,
-                              device=device)
-    values = torch.tensor(medians + [codec_s], dtype=torch.float64)
-    if world > 1:
-        buf = values.to(device) if backend == "nccl" else values
+    if skew_s < 0:
+        raise ValueError(f"skew_s must be >= 0, got {skew_s}")
+    times = _sweep(sizes, world, rank, group, device, repeats, warmup, float(skew_s))
+    means = _fastest_rank_means(times, world, backend, group, device)
+    codec_s = torch.tensor([calibrate_codec(codec, rows=codec_rows, width=codec_width,
+                                            repeats=min(repeats, 7), device=device)],
+                           dtype=torch.float64)
+    if world > 1:  # the slowest rank's codec: every rank must hold the same number
+        buf = codec_s.to(device) if backend == "nccl" else codec_s
         dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group)
-        values = buf.cpu()
-    medians, codec_s = values[:-1].tolist(), float(values[-1])
+        codec_s = buf.cpu()
+    codec_s = float(codec_s)
     if world > 1:  # bytes actually sent: whole floats, evenly over the peers
         sent = [(s // 4 // (world - 1)) * (world - 1) * 4 for s in sizes]
     else:
         sent = [s // 4 * 4 for s in sizes]
-    alpha, beta = _fit(sent, medians, world)
+    alpha, beta = _fit(sent, means, world)
     codec_bytes = codec_rows * codec_width * 4
     return LinkModel(alpha=alpha, beta=beta, codec_throughput=codec_bytes / codec_s,
                      world_size=world, backend=backend, device=str(device),
-                     samples=list(zip(sent, medians)),
+                     samples=list(zip(sent, means)),
                      codec=type(codec).__name__ if codec is not None else "IdentityCodec")
 
 

@@ -36,7 +36,7 @@ class LinkModel:
         backend (str): ``"gloo"``, ``"nccl"`` or ``"none"`` (one process: a memory copy).
         device (str): Device of the measured tensors.
         samples (List[Tuple[int, float]]): The measurements: bytes one rank sent per exchange,
-            median seconds (the maximum over ranks).
+            mean over repetitions of the fastest rank's seconds.
         codec (str): Class name of the measured codec.
     """
     alpha: float

@@ -2,9 +2,11 @@
 import math
 
 import pytest
+import torch
 
 from lightning_fullgraph.planner import calibrate, calibrate_codec
-from lightning_fullgraph.planner.calibrate import _fit
+from lightning_fullgraph.planner.calibrate import _fastest_rank_means, _fit
+from lightning_fullgraph.testing import run_distributed
 
 
 def test_single_process_calibration_is_a_copy():
@@ -26,9 +28,34 @@ def test_codec_timing_and_fit():
     assert beta > 0 and alpha == pytest.approx(1e-3)
 
 
+def _gathered_means(rank, world_size):
+    # Rank r's times: repetition i took (i + 1)^2 ms plus r ms of waiting for the others.
+    times = torch.tensor([[1e-3 * (i + 1) ** 2 + 1e-3 * rank, 5e-3 + 1e-3 * rank]
+                          for i in range(4)], dtype=torch.float64)
+    return _fastest_rank_means(times, world_size, "gloo", None, torch.device("cpu"))
+
+
+@pytest.mark.multiprocess
+def test_estimator_is_the_mean_of_the_fastest_rank():
+    # Per repetition the rank that waited least (rank 0 here), then the mean over
+    # repetitions -- not a median: an epoch's exchange time is a sum of heavy-tailed ones.
+    means = run_distributed(_gathered_means, 2)
+    assert means[0] == means[1] == pytest.approx([7.5e-3, 5e-3])  # median: 6.5e-3
+    times = torch.tensor([[1e-3], [1e-3], [10e-3]], dtype=torch.float64)
+    assert _fastest_rank_means(times, 1, "none", None, torch.device("cpu")) == \
+        pytest.approx([4e-3])  # one rank: the mean, tail included (the median is 1 ms)
+
+
+def test_barrier_protocol_still_available():
+    link = calibrate(sizes=(0, 1 << 16), repeats=2, warmup=0, skew_s=0.0, codec_rows=64)
+    assert link.alpha > 0 and link.beta > 0
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="repeats"):
         calibrate(repeats=0)
+    with pytest.raises(ValueError, match="skew_s"):
+        calibrate(skew_s=-1.0)
     with pytest.raises(ValueError, match="at least 2"):
         from lightning_fullgraph.planner import calibrate_local
         calibrate_local(1)
