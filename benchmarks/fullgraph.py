@@ -298,6 +298,13 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
             e["loss"] = float(g)
         else:
             e["loss"] = float(loss.detach())
+        if cfg.get("validate"):
+            t_val = time.perf_counter()
+            model.eval()
+            with torch.no_grad():
+                model(x, edge_index)
+            model.train()
+            e["val_s"] = time.perf_counter() - t_val
         e["mem_peak_kib"] = peak_rss_kib()
         epochs.append(e)
         del out, loss
@@ -405,6 +412,7 @@ def summarize(name: str, world: int, threads: int, ranks: List[Dict[str, Any]],
             "forward_s": _mean([e["forward_s"] for e in t]),
             "backward_s": _mean([e["backward_s"] for e in t]),
             "step_s": _mean([e["step_s"] for e in t]),
+            "val_s": _mean([e.get("val_s", float("nan")) for e in t]),
             "cpu_s": _mean([e.get("cpu_s", float("nan")) for e in t]),
             "allreduce_s": _mean([e["allreduce_s"] for e in t]),
             "threads": r["threads"],
@@ -461,9 +469,11 @@ def format_report(res: Dict[str, Any]) -> str:
         lines.append(f"partition P={P}: {'reused from cache' if p['reused'] else 'computed'} "
                      f"in {p['seconds']:.1f} s; edge cut {p.get('edge_cut_fraction', float('nan')):.3f}, "
                      f"total halo {p.get('total_halo', 0):,}; dir {p['dir']}")
+    validate = ("a validation forward after every step (not in the epoch time); "
+                if meta.get("validate") else "")
     lines.append(f"model:   2-layer {meta['model'].upper()} (hidden {meta['hidden']}, ReLU, Adam "
                  f"lr=0.01), {meta['warmup']} warm-up + {meta['epochs']} timed epochs; "
-                 f"aggregation {meta.get('aggregation', 'engine default')}; "
+                 f"aggregation {meta.get('aggregation', 'engine default')}; {validate}"
                  f"threads per process = max(1, {meta['cores']} // P)")
     runs = res["runs"]
     single = runs.get("single")
@@ -615,6 +625,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overlap", action="store_true",
                    help="FullGraphEngine(overlap=True): the halo transfer runs while the "
                         "edges with owned sources aggregate (needs --kernels other than pyg)")
+    p.add_argument("--validate", action="store_true",
+                   help="after every training step, one evaluation forward on the same "
+                        "features under torch.no_grad(), as Lightning's validation loop runs "
+                        "(timed apart: 'val s'; its memory counts in the peak)")
     p.add_argument("--no-single", action="store_true",
                    help="skip the single-process baseline (no ratios, no target check)")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after the warm-up)")
@@ -769,6 +783,7 @@ def main(argv=None) -> int:
     # 3. One fresh set of processes per configuration.
     base_cfg = {"model": args.model, "kernels": args.kernels, "hidden": args.hidden,
                 "aggregation": args.aggregation, "overlap": args.overlap,
+                "validate": args.validate,
                 "num_classes": args.classes,
                 "epochs": args.epochs, "warmup": args.warmup, "seed": args.seed,
                 "timeout_s": args.timeout}
@@ -795,6 +810,7 @@ def main(argv=None) -> int:
                  "torch_geometric": prep["torch_geometric"], "cores": args.cores,
                  "model": args.model, "hidden": args.hidden, "epochs": args.epochs,
                  "aggregation": args.aggregation or "engine default",
+                 "validate": args.validate,
                  "warmup": args.warmup, "quick": args.quick,
                  "threads_rule": "max(1, cores // P)", "rss_unit": "KiB (ru_maxrss, Linux)"},
         "graph": graph_info,

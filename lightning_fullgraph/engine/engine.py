@@ -117,7 +117,14 @@ class FullGraphEngine:
                 exchange.set_levels(*levels)
             exchange.set_node_ids(partition.owned_ids[exchange.plan.post.send_index.cpu()])
         self.router = AggregationRouter(partition, self.exchanges, aggregation, group, timeout)
-        self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
+        # Training exchanges differ from evaluation ones only through the halo cache, the
+        # pipeline and sampling (all from the arguments: the same on every rank).
+        resampled = self.policy.sampling is not None and not self.policy.sampling.lossless
+        self.static = StaticCache(
+            group, enabled=cache_static, timeout=timeout,
+            share_phases=not resampled and self.policy.pipeline is None
+            and next(self.policy.caches(), None) is None,
+            reuse_training=not resampled)
         self.loss_mask = loss_mask
         self._model: Optional[PartitionedModel] = None
         self._data: Optional[Data] = None

@@ -24,13 +24,15 @@ from torch import Tensor
 
 from .cache import (CacheState, HaloCache, mask_bytes, pack_mask, per_peer, select_rows,
                     unpack_mask)
-from .codecs import Codec, WireContext
+from .codecs import Codec, IdentityCodec, WireContext
 from .pipeline import AsyncPipeline, PipeState
 from ..kernels.split import SplitRows, split_accepted
 from .context import current_layer
 from .policy import ExchangePolicy
 from .stats import CommStats
 from .transport import Transport
+
+_IDENTITY = IdentityCodec()  # the graph's structure (degrees) travels exact
 
 __all__ = ["HaloExchange"]
 
@@ -168,18 +170,24 @@ class HaloExchange:
 
     # -- the two channels ----------------------------------------------------------------------
     @torch.compiler.disable
-    def extend(self, x: Tensor, key: str = "x", dim: int = 0) -> Tensor:
+    def extend(self, x: Tensor, key: str = "x", dim: int = 0, exact: bool = False) -> Tensor:
         r"""Appends the halo rows to a tensor of owned rows (post channel).
 
         Args:
             x (torch.Tensor): Owned rows, :math:`N_{own}` along :obj:`dim`.
             key (str): Name of the exchange point, for statistics and codecs.
             dim (int): The node dimension.
+            exact (bool): The graph's structure (e.g. degrees), not features: sent as they
+                are, past the codec, the halo cache, the pipeline and boundary sampling (a
+                normalization computed once from a sampled or rounded degree would be
+                wrong for every later step).
 
         Returns:
             :math:`[N_{own} + N_{halo}, *]` along :obj:`dim`; differentiable.
         """
         dim = dim % x.dim()
+        if exact:
+            return _HaloRows.apply(x.movedim(dim, 0), self, key, False, True).movedim(0, dim)
         training = self._training()
         if x.size(dim) != self.num_owned:
             raise ValueError(
@@ -237,20 +245,24 @@ class HaloExchange:
         The transpose of :meth:`reduce`: ``[N_own, *] -> [S_pre, *]``.
         """
         rows = owned.index_select(0, self.plan.pre.recv_index)
-        return self._send(rows, self._pre_recv, self._pre_send, key, "forward")
+        return self._send(rows, self._pre_recv, self._pre_send, key, "forward", exact=True)
 
     # -- one transfer ------------------------------------------------------------------------------
     def _send(self, rows: Tensor, send_counts: List[int], recv_counts: List[int], key: str,
               direction: str, levels: Optional[Tuple[Tensor, Tensor]] = None,
-              training: bool = False, channel: str = "post") -> Tensor:
+              training: bool = False, channel: str = "post", exact: bool = False) -> Tensor:
         r"""Encodes, exchanges and decodes rows.  :obj:`levels` (of the rows sent, of the
         rows received) lets a per-node codec give each row its own width: the rows then
         travel as one byte stream whose per-peer sizes both ends compute from the levels.
         :obj:`training` (an exchange of a training step) lets the policy's
         :class:`~.cache.HaloCache` skip rows the receivers hold closely enough, or its
-        :class:`~.pipeline.AsyncPipeline` hand out the previous step's rows."""
+        :class:`~.pipeline.AsyncPipeline` hand out the previous step's rows.  :obj:`exact`
+        rows (the graph's structure) skip the codec."""
         shape = rows.shape[1:]
         flat = rows.reshape(rows.size(0), math.prod(shape))
+        if exact:
+            out, _ = self._transfer(flat, send_counts, recv_counts, key, direction, exact=True)
+            return out.reshape((out.size(0), ) + tuple(shape))
         cache = self.policy.cache(key, direction) if training else None
         pipeline = self.policy.pipeline if training else None
         if cache is not None:
@@ -265,10 +277,11 @@ class HaloExchange:
 
     def _transfer(self, flat: Tensor, send_counts: List[int], recv_counts: List[int], key: str,
                   direction: str, levels: Optional[Tuple[Tensor, Tensor]] = None,
-                  echo: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+                  echo: bool = False, exact: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         r"""The rows received and, with :obj:`echo`, the rows sent as the receivers decode
-        them (the sender decoding its own wire: bit for bit what arrives)."""
-        codec: Codec = self.policy.codec(key, direction)
+        them (the sender decoding its own wire: bit for bit what arrives); :obj:`exact`:
+        without the codec."""
+        codec: Codec = _IDENTITY if exact else self.policy.codec(key, direction)
         ctx = WireContext(key, direction, self.step, self.rank, flat.size(1), flat.dtype,
                           self.seed)
         if levels is not None and getattr(codec, "per_node", False):
@@ -446,14 +459,17 @@ class _HaloRows(torch.autograd.Function):
     r"""``[N_own, *] -> [N_own + N_halo, *]``; backward returns halo gradients to owners."""
 
     @staticmethod
-    def forward(ctx, x_own: Tensor, ex: HaloExchange, key: str, training: bool) -> Tensor:
-        ctx.ex, ctx.key, ctx.training = ex, key, training
+    def forward(ctx, x_own: Tensor, ex: HaloExchange, key: str, training: bool,
+                exact: bool = False) -> Tensor:
+        ctx.ex, ctx.key, ctx.training, ctx.exact = ex, key, training, exact
         if ex.post_empty:
             return x_own.clone()
         sampled = ex._sampled() if training else None
         ctx.sampled = sampled
         send = x_own.index_select(0, ex.plan.post.send_index)
-        if sampled is None:
+        if exact:
+            halo = ex._send(send, ex._post_send, ex._post_recv, key, "forward", exact=True)
+        elif sampled is None:
             halo = ex._send(send, ex._post_send, ex._post_recv, key, "forward",
                             ex._post_levels("forward"), training)
         else:
@@ -464,16 +480,19 @@ class _HaloRows(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         ex: HaloExchange = ctx.ex
         if ex.post_empty:
-            return grad_out, None, None, None
+            return grad_out, None, None, None, None
         grad_own = grad_out[:ex.num_owned].clone()
         grad_rows = grad_out[ex.num_owned:].contiguous()
-        if ctx.sampled is None:
+        if ctx.exact:
+            grad_halo = ex._send(grad_rows, ex._post_recv, ex._post_send, ctx.key, "backward",
+                                 exact=True)
+        elif ctx.sampled is None:
             grad_halo = ex._send(grad_rows, ex._post_recv, ex._post_send, ctx.key, "backward",
                                  ex._post_levels("backward"), ctx.training)
         else:
             grad_halo = ex._send_sampled(grad_rows, ctx.sampled, ctx.key, "backward")
         grad_own.index_add_(0, ex.plan.post.send_index, grad_halo.to(grad_own.dtype))
-        return grad_own, None, None, None
+        return grad_own, None, None, None, None
 
 
 class _HaloRecv(torch.autograd.Function):

@@ -66,7 +66,8 @@ def distributed_laplacian(exchange: Any, partition: Any, edge_index: Tensor,
         out_weight = torch.ones(partition.out_src.numel(), dtype=edge_weight.dtype,
                                 device=edge_index.device)
     deg_own = _out_degree(partition, edge_index, edge_weight, out_weight.to(edge_weight))
-    deg = exchange.extend(deg_own.unsqueeze(-1), key=f"{key}.out_degree").squeeze(-1)
+    deg = exchange.extend(deg_own.unsqueeze(-1), key=f"{key}.out_degree",
+                          exact=True).squeeze(-1)
     row, col = edge_index[0], edge_index[1]
     if normalization is None:
         # L = D - A: the diagonal holds the owned nodes' degrees.

@@ -64,7 +64,8 @@ def distributed_gcn_norm(exchange, edge_index: Tensor, edge_weight: Optional[Ten
                                  device=edge_index.device)
     row, col = edge_index[0], edge_index[1]
     deg = scatter(edge_weight, col, dim=0, dim_size=num_owned, reduce='sum')
-    deg = exchange.extend(deg.unsqueeze(-1), key=f"{_layer_key()}.degree").squeeze(-1)
+    deg = exchange.extend(deg.unsqueeze(-1), key=f"{_layer_key()}.degree",
+                          exact=True).squeeze(-1)
     deg_inv_sqrt = deg.pow(-0.5)
     deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float('inf'), 0)
     return edge_index, deg_inv_sqrt[row] * edge_weight * deg_inv_sqrt[col]
@@ -93,7 +94,7 @@ def mode_gcn_norm(router, mode: str, edge_index: Tensor, edge_weight: Optional[T
     fill = 2. if improved else 1.
     # Owned degrees from the complete in-edge list (this rank holds every in-edge).
     deg = _owned_degree(edge_index, edge_weight, fill, n, add_self_loops, dtype)
-    deg_src = ex.extend(deg.unsqueeze(-1), key=f"{key}.degree").squeeze(-1)
+    deg_src = ex.extend(deg.unsqueeze(-1), key=f"{key}.degree", exact=True).squeeze(-1)
     deg_slots = ex.to_slots(deg.unsqueeze(-1), key=f"{key}.degree.slots").squeeze(-1)
 
     # The mode's edges and raw weights; self-loops belong to owned nodes only.  The looped
@@ -176,34 +177,34 @@ def _dispatch_gcn_norm(edge_index, edge_weight=None, num_nodes=None, improved=Fa
     vouched = router is not None and router.is_in_edges(edge_index) and (
         edge_weight is None or attr is not None)
 
-    def compute():
-        return _routed_gcn_norm(layer, router, call, attr, vouched, edge_index, edge_weight,
-                                num_nodes, improved, add_self_loops, flow, dtype)
-
     if static is None:
-        return compute()
+        return _routed_gcn_norm(layer, router, _norm_mode(layer, router, call, vouched), attr,
+                                edge_index, edge_weight, num_nodes, improved, add_self_loops,
+                                flow, dtype)
     phase = "train" if layer.training else "eval"
     static_ok = vouched and (edge_weight is None or not edge_weight.requires_grad)
-    key = (layer.key, call, phase, improved, add_self_loops, flow, dtype, num_nodes, attr,
-           edge_index.device)
-    return static.normalization(f"{layer.key}.gcn_norm{call}.{phase}", key, static_ok, compute)
+    mode = _norm_mode(layer, router, call, vouched)
+    # What the result depends on -- not which layer or phase asks: layers with the same
+    # options share one copy, and a validation pass gets the training steps' weights (the
+    # very tensor, so their static aggregations match too).
+    key = (mode, improved, add_self_loops, flow, dtype, num_nodes, attr, edge_index.device)
+    return static.normalization(
+        f"{layer.key}.gcn_norm{call}.{phase}", key, static_ok,
+        lambda: _routed_gcn_norm(layer, router, mode, attr, edge_index, edge_weight, num_nodes,
+                                 improved, add_self_loops, flow, dtype))
 
 
-def _routed_gcn_norm(layer, router, call, attr, vouched, edge_index, edge_weight, num_nodes,
-                     improved, add_self_loops, flow, dtype):
+def _norm_mode(layer, router, call: int, vouched: bool) -> str:
+    r"""The aggregation mode of the layer's normalization (agreed on its first call)."""
     state = layer.state
-    if router is not None and state is not None and state.candidate != "post":
-        phase = "train" if layer.training else "eval"
-        mode = router.decide(f"{layer.key}.gcn_norm{call}.{phase}", state.candidate, vouched)
-        if mode != "post":
-            if flow != "source_to_target":
-                raise ValueError(f"layer '{layer.key}': flow='{flow}' is not supported")
-            if num_nodes is not None and num_nodes != layer.exchange.num_owned:
-                raise ValueError(
-                    f"layer '{layer.key}': gcn_norm called for {num_nodes} nodes but this rank "
-                    f"owns {layer.exchange.num_owned}; pass the rank-local node features")
-            return mode_gcn_norm(router, mode, edge_index, edge_weight, attr, improved,
-                                 add_self_loops, dtype, layer.key)
+    if router is None or state is None or state.candidate == "post":
+        return "post"
+    phase = "train" if layer.training else "eval"
+    return router.decide(f"{layer.key}.gcn_norm{call}.{phase}", state.candidate, vouched)
+
+
+def _routed_gcn_norm(layer, router, mode, attr, edge_index, edge_weight, num_nodes,
+                     improved, add_self_loops, flow, dtype):
     if flow != "source_to_target":
         raise ValueError(f"layer '{layer.key}': flow='{flow}' is not supported by "
                          "partitioned execution (ranks hold in-edges of their nodes)")
@@ -211,6 +212,9 @@ def _routed_gcn_norm(layer, router, call, attr, vouched, edge_index, edge_weight
         raise ValueError(
             f"layer '{layer.key}': gcn_norm called for {num_nodes} nodes but this rank "
             f"owns {layer.exchange.num_owned}; pass the rank-local node features")
+    if mode != "post":
+        return mode_gcn_norm(router, mode, edge_index, edge_weight, attr, improved,
+                             add_self_loops, dtype, layer.key)
     return distributed_gcn_norm(layer.exchange, edge_index, edge_weight, improved,
                                 add_self_loops, dtype)
 

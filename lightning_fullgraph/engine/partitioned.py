@@ -430,7 +430,7 @@ def _static_propagate(layer: MessagePassing, key: str, inner: Callable,
         call = active.calls
         phase = "train" if layer.training else "eval"
         out = static.aggregation(f"{key}.propagate{call}{active.variant}.{phase}", (args, kwargs),
-                                 lambda: inner(*args, **kwargs))
+                                 lambda: inner(*args, **kwargs), phase=phase)
         if active.calls == call:  # reused: no pre-hook ran, keep the hop numbering
             active.calls += 1
         return out

@@ -13,6 +13,7 @@ point's eligibility once (an input without gradient), then on every eligible cal
 rank sees the same input as last time.  Input dropout makes a new tensor every step: the layer
 then runs in its own order (aggregating :math:`XW` is the cheaper one then).
 """
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -34,15 +35,18 @@ def reorderable(layer: Any) -> bool:
 
 
 class _LastInput:
+    r"""The last input of a phase, referred to weakly (a freed input is not the same input:
+    the cache's entries follow the same rule)."""
+
     def __init__(self) -> None:
-        self.tensor: Optional[Tensor] = None  # kept alive: its memory cannot be reused
+        self.tensor: Optional[weakref.ref] = None
         self.signature: Optional[tuple] = None
 
     def same(self, x: Tensor) -> bool:
-        return self.tensor is not None and _signature(x) == self.signature
+        return self.tensor is not None and self.tensor() is x and _signature(x) == self.signature
 
     def remember(self, x: Tensor) -> None:
-        self.tensor, self.signature = x, _signature(x)
+        self.tensor, self.signature = weakref.ref(x), _signature(x)
 
 
 def reordered_forward(layer: GCNConv, key: str, original: Callable, static: StaticCache,
@@ -57,10 +61,15 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
             return original(x, edge_index, edge_weight)
         phase = "train" if layer.training else "eval"
         point = f"{key}.reorder.{phase}"
+        if not static.reuses(phase):  # e.g. training with boundary sampling: never reused
+            return original(x, edge_index, edge_weight)
         if not agreement.decide(point, not x.requires_grad) or static.gave_up(point):
             return original(x, edge_index, edge_weight)
         seen = last[phase]
-        same = not x.requires_grad and seen.same(x)
+        # The other phase's input counts too when the phases share aggregations: the first
+        # validation after training steps then reuses their aggregate at once.
+        same = not x.requires_grad and (seen.same(x) or (
+            static.share_phases and last["eval" if phase == "train" else "train"].same(x)))
         if not x.requires_grad:
             seen.remember(x)
         if not static.agreed_reuse(point, same):

@@ -12,10 +12,22 @@ Full-graph training runs on a static graph, yet an unmodified PyG model recomput
   source row times an edge scalar and whose aggregation is a sum or mean
   (:data:`~.aggregation.PRE_LAYERS`: ``SAGEConv``, ``GINConv``, ``GraphConv``, ``TAGConv``'s
   hops, ...) is a function of its inputs only.  When none of them needs a gradient and each is
-  the *same tensor, unmodified* as in the previous call -- same storage, offset, shape, dtype
-  and version counter, with the previous tensor kept alive so its memory cannot be reused by
-  a new one -- the previous output is returned without exchanging anything.  Input dropout
-  makes a new tensor every step, so nothing is reused then.
+  the *same tensor, unmodified* as in the previous call -- the same live tensor object, with
+  the same storage, offset, shape, dtype and version counter -- the previous output is
+  returned without exchanging anything.  Input dropout makes a new tensor every step, so
+  nothing is reused then.
+
+What the cache holds is held only while it can be reused: an entry refers to its input
+tensors *weakly* and is dropped (with its output) as soon as one of them is freed, so the
+activations a validation pass feeds to later layers (which need no gradient there, but
+change every epoch) are not kept alive until the next validation.  Training and evaluation
+share an entry when the same input comes back in the other phase (the raw features
+aggregated in the training step, then by the validation forward): one copy of the aggregate,
+not two -- unless training exchanges differ from evaluation ones
+(``share_phases=False``: the halo cache, the asynchronous pipeline or boundary sampling
+apply to training exchanges only).  With boundary sampling (``reuse_training=False``)
+training steps never reuse an aggregation: each step must see its own sample of boundary
+nodes.
 
 Skipping an exchange must happen on all ranks or none.  A normalization point is agreed static
 on its first call (:class:`~.agreement.Agreement`) and then costs nothing; other edge values
@@ -29,6 +41,8 @@ dropout does not decide for training steps with it.
 The results are the same tensors the uncached computation returns, bit for bit.
 ``FullGraphEngine(cache_static=False)`` turns the cache off.
 """
+import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -68,12 +82,40 @@ def _signature(t: Tensor) -> tuple:
             tuple(t.stride()), t.dtype, t.device, t._version)
 
 
+PHASES = ("train", "eval")
+
+_tokens = itertools.count()
+
+
 @dataclass
 class _Entry:
-    inputs: Tuple[Any, ...]  # the input tensors (kept alive) or other values, in call order
+    # Per input in call order: a weak reference to a tensor, or the value itself.
+    inputs: Tuple[Any, ...]
     signatures: Tuple[Any, ...]
     output: Any
     output_version: int
+    token: int  # tells an entry from its successor at the same point
+
+
+def _dropper(cache: "StaticCache", point: str, token: int) -> Callable:
+    r"""Weak-reference callback: forgets :obj:`point`'s entry :obj:`token` (and so frees its
+    output) when one of its inputs is freed.  Holds no strong reference to the entry (that
+    would make a cycle that keeps the output alive until the garbage collector runs)."""
+    cache_ref = weakref.ref(cache)
+
+    def drop(_ref: Any) -> None:
+        owner = cache_ref()
+        if owner is not None:
+            entry = owner._aggregations.get(point)
+            if entry is not None and entry.token == token:
+                del owner._aggregations[point]
+    return drop
+
+
+def twin_point(point: str, phase: str) -> str:
+    r"""The name :obj:`point` (ending in ``.<phase>``) has in the other phase."""
+    other = PHASES[1 - PHASES.index(phase)]
+    return point[:len(point) - len(phase)] + other
 
 
 class StaticCache:
@@ -83,13 +125,20 @@ class StaticCache:
         group (ProcessGroup, optional): Group of the agreement all-reduces.
         enabled (bool): Off: every call recomputes and exchanges.
         timeout (float or timedelta, optional): The group's timeout, named in errors.
+        share_phases (bool): Training and evaluation exchanges are the same (no halo cache,
+            pipeline or sampling), so an aggregation computed in one phase serves the other.
+        reuse_training (bool): Training steps may reuse aggregations (off with boundary
+            sampling: every step samples anew).  Must be the same on every rank.
     """
 
     def __init__(self, group: Optional[Any] = None, enabled: bool = True,
-                 timeout: Optional[Any] = None) -> None:
+                 timeout: Optional[Any] = None, share_phases: bool = True,
+                 reuse_training: bool = True) -> None:
         self.group = group
         self.enabled = bool(enabled)
         self.timeout = timeout
+        self.share_phases = bool(share_phases)
+        self.reuse_training = bool(reuse_training)
         self._eligible = Agreement(group, "static-input cache", timeout)
         self._norm_points = Agreement(group, "static normalization", timeout)
         self._streaks: Dict[str, int] = {}
@@ -135,6 +184,11 @@ class StaticCache:
             self.hits += 1
         return found
 
+    def reuses(self, phase: str) -> bool:
+        r"""Whether aggregations of :obj:`phase` (``"train"`` or ``"eval"``) can be reused
+        (the same answer on every rank)."""
+        return self.enabled and (phase != "train" or self.reuse_training)
+
     def gave_up(self, point: str) -> bool:
         r"""Whether :obj:`point` stopped checking for reuse (see :meth:`agreed_reuse`)."""
         return point in self._given_up
@@ -159,17 +213,19 @@ class StaticCache:
 
     # -- aggregations of unchanged inputs -------------------------------------------------
     def aggregation(self, point: str, inputs: Tuple[Any, ...],
-                    compute: Callable[[], Any]) -> Any:
+                    compute: Callable[[], Any], phase: str = "train") -> Any:
         r"""The output of a ``propagate`` call of an eligible layer, reused while its
         inputs are unchanged.
 
         Args:
-            point (str): The call's name (layer, call index, training or evaluation).
+            point (str): The call's name (layer, call index, ending in ``.<phase>``).
             inputs (tuple): Every argument of the call; tensors (also inside tuples and
-                lists) are compared by storage and version, other values by equality.
+                lists) are compared by identity, storage and version, other values by
+                equality.
             compute: Runs the call (with its exchanges).
+            phase (str): ``"train"`` or ``"eval"`` (the layer's mode).
         """
-        if not self.enabled:
+        if not self.reuses(phase):
             return compute()
         leaves = _leaves(inputs)
         static = leaves is not None and not any(
@@ -178,8 +234,12 @@ class StaticCache:
             return compute()
         if point in self._given_up:
             return compute()
-        entry = self._aggregations.get(point)
-        hit = static and entry is not None and self._same(entry, leaves)
+        entry = self._aggregations.get(point) if static else None
+        hit = entry is not None and self._same(entry, leaves)
+        if static and not hit and self.share_phases:
+            twin = self._aggregations.get(twin_point(point, phase))
+            if twin is not None and self._same(twin, leaves):
+                entry, hit = twin, True
         if self.agreed_reuse(point, hit):
             self.hits += 1
             return entry.output
@@ -187,23 +247,27 @@ class StaticCache:
         output = compute()
         if static and isinstance(output, Tensor) and not output.requires_grad \
                 and point not in self._given_up:
-            self._aggregations[point] = _Entry(
-                inputs=leaves, signatures=tuple(
-                    _signature(v) if isinstance(v, Tensor) else None for v in leaves),
-                output=output, output_version=output._version)
+            self._remember(point, leaves, output)
         else:
             self._aggregations.pop(point, None)
         return output
+
+    def _remember(self, point: str, leaves: Tuple[Any, ...], output: Tensor) -> None:
+        token = next(_tokens)
+        drop = _dropper(self, point, token)
+        self._aggregations[point] = _Entry(
+            inputs=tuple(weakref.ref(v, drop) if isinstance(v, Tensor) else v for v in leaves),
+            signatures=tuple(_signature(v) if isinstance(v, Tensor) else None for v in leaves),
+            output=output, output_version=output._version, token=token)
 
     @staticmethod
     def _same(entry: _Entry, inputs: Tuple[Any, ...]) -> bool:
         if entry.output._version != entry.output_version or len(inputs) != len(entry.inputs):
             return False  # the output was modified in place downstream
         for new, old, sig in zip(inputs, entry.inputs, entry.signatures):
-            if isinstance(new, Tensor) or isinstance(old, Tensor):
-                if not (isinstance(new, Tensor) and isinstance(old, Tensor)) \
-                        or _signature(new) != sig:
+            if sig is not None:  # a tensor then: the very same live one, unmodified
+                if not isinstance(new, Tensor) or old() is not new or _signature(new) != sig:
                     return False
-            elif new != old:
+            elif isinstance(new, Tensor) or new != old:
                 return False
         return True

@@ -57,3 +57,37 @@ def test_shared_in_edge_list_is_not_taken_for_a_mode_graph():
     assert edges is not lp.edge_index and torch.equal(edges, lp.edge_index)
     assert router.graph_mode(edges) == "hybrid"
     assert router.graph_mode(lp.edge_index) is None
+
+
+def _normalized_weights(rank, world_size, options):
+    from torch_geometric.nn import GCNConv
+
+    from lightning_fullgraph.engine import FullGraphEngine
+    from lightning_fullgraph.partition import metis_partition
+
+    from .models import skewed_graph
+    data = skewed_graph()
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    weights = []
+    for kwargs in ({}, options):
+        torch.manual_seed(0)
+        conv = GCNConv(data.num_features, 4)
+        engine = FullGraphEngine(part, aggregation="post", **kwargs)
+        engine.attach(conv)
+        local = engine.data
+        conv(local.x, local.edge_index, local.edge_weight).sum().backward()
+        (_, weight), = {id(v): v for v in engine.static._norms.values()}.values()
+        weights.append(weight.detach())
+        engine.detach()
+    return torch.equal(*weights)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("options", [{"codec": "bf16"}, {"codec": "int2"},
+                                     {"sampling": 0.5}, {"cache": 0.1}])
+def test_halo_degrees_travel_exact(options):
+    # Degrees are the graph, not features: a normalization computed once from halo degrees
+    # rounded by the codec or sampled (and rescaled by 1/p) would be wrong for every step.
+    from lightning_fullgraph.testing import run_distributed
+    assert all(run_distributed(_normalized_weights, 2, options))

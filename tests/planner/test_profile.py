@@ -25,7 +25,7 @@ def test_gcn_post_exchanges_transformed_rows_and_degrees():
         ("convs.0.degree", "forward", "post", "post", False, 1),
         ("convs.0.propagate0.x", "forward", "post", "post", False, HIDDEN),
         ("convs.0.propagate0.x", "backward", "post", "post", True, HIDDEN),
-        ("convs.1.degree", "forward", "post", "post", False, 1),
+        # no convs.1.degree: both layers share one normalization
         ("convs.1.propagate0.x", "forward", "post", "post", False, CLASSES),
         ("convs.1.propagate0.x", "backward", "post", "post", True, CLASSES),
     }
