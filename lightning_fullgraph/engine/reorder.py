@@ -22,7 +22,7 @@ from torch_geometric.nn.conv import GCNConv, gcn_conv
 
 from .agreement import Agreement
 from .context import current_layer
-from .static import StaticCache, _signature
+from .static import StaticCache, _signature, anchor
 
 __all__ = ["reorderable", "reordered_forward"]
 
@@ -43,10 +43,11 @@ class _LastInput:
         self.signature: Optional[tuple] = None
 
     def same(self, x: Tensor) -> bool:
-        return self.tensor is not None and self.tensor() is x and _signature(x) == self.signature
+        return self.tensor is not None and self.tensor() is not None \
+            and _signature(x) == self.signature
 
     def remember(self, x: Tensor) -> None:
-        self.tensor, self.signature = weakref.ref(x), _signature(x)
+        self.tensor, self.signature = weakref.ref(anchor(x)), _signature(x)
 
 
 def reordered_forward(layer: GCNConv, key: str, original: Callable, static: StaticCache,

@@ -12,15 +12,17 @@ Full-graph training runs on a static graph, yet an unmodified PyG model recomput
   source row times an edge scalar and whose aggregation is a sum or mean
   (:data:`~.aggregation.PRE_LAYERS`: ``SAGEConv``, ``GINConv``, ``GraphConv``, ``TAGConv``'s
   hops, ...) is a function of its inputs only.  When none of them needs a gradient and each is
-  the *same tensor, unmodified* as in the previous call -- the same live tensor object, with
-  the same storage, offset, shape, dtype and version counter -- the previous output is
-  returned without exchanging anything.  Input dropout makes a new tensor every step, so
+  the *same tensor, unmodified* as in the previous call -- same storage, offset, shape,
+  strides, dtype and version counter, while the tensor seen then is still alive (so its
+  memory cannot have been reused) -- the previous output is returned without exchanging
+  anything.  Input dropout makes a new tensor every step, so
   nothing is reused then.
 
 What the cache holds is held only while it can be reused: an entry refers to its input
-tensors *weakly* and is dropped (with its output) as soon as one of them is freed, so the
-activations a validation pass feeds to later layers (which need no gradient there, but
-change every epoch) are not kept alive until the next validation.  Training and evaluation
+tensors (or the bases they view) *weakly* and is dropped (with its output) as soon as one of
+them is freed, so the activations a validation pass feeds to later layers (which need no
+gradient there, but change every epoch) are not kept alive until the next validation.
+Training and evaluation
 share an entry when the same input comes back in the other phase (the raw features
 aggregated in the training step, then by the validation forward): one copy of the aggregate,
 not two -- unless training exchanges differ from evaluation ones
@@ -110,6 +112,12 @@ def _dropper(cache: "StaticCache", point: str, token: int) -> Callable:
             if entry is not None and entry.token == token:
                 del owner._aggregations[point]
     return drop
+
+
+def anchor(t: Tensor) -> Tensor:
+    r"""The tensor whose life a cache entry of :obj:`t` follows: :obj:`t` itself, or the base
+    it is a view of (so a view made anew each step, e.g. ``x[:, :]``, finds its entry)."""
+    return t if t._base is None else t._base
 
 
 def twin_point(point: str, phase: str) -> str:
@@ -220,7 +228,7 @@ class StaticCache:
         Args:
             point (str): The call's name (layer, call index, ending in ``.<phase>``).
             inputs (tuple): Every argument of the call; tensors (also inside tuples and
-                lists) are compared by identity, storage and version, other values by
+                lists) are compared by storage and version, other values by
                 equality.
             compute: Runs the call (with its exchanges).
             phase (str): ``"train"`` or ``"eval"`` (the layer's mode).
@@ -256,7 +264,8 @@ class StaticCache:
         token = next(_tokens)
         drop = _dropper(self, point, token)
         self._aggregations[point] = _Entry(
-            inputs=tuple(weakref.ref(v, drop) if isinstance(v, Tensor) else v for v in leaves),
+            inputs=tuple(weakref.ref(anchor(v), drop) if isinstance(v, Tensor) else v
+                         for v in leaves),
             signatures=tuple(_signature(v) if isinstance(v, Tensor) else None for v in leaves),
             output=output, output_version=output._version, token=token)
 
@@ -265,8 +274,10 @@ class StaticCache:
         if entry.output._version != entry.output_version or len(inputs) != len(entry.inputs):
             return False  # the output was modified in place downstream
         for new, old, sig in zip(inputs, entry.inputs, entry.signatures):
-            if sig is not None:  # a tensor then: the very same live one, unmodified
-                if not isinstance(new, Tensor) or old() is not new or _signature(new) != sig:
+            if sig is not None:  # a tensor then: while the one seen (or its base) lives, its
+                # storage does too, so a tensor with the same storage, offset, shape, strides,
+                # dtype and version holds the same values
+                if not isinstance(new, Tensor) or old() is None or _signature(new) != sig:
                     return False
             elif isinstance(new, Tensor) or new != old:
                 return False

@@ -139,6 +139,31 @@ def _in_place(rank, world_size):
             not torch.equal(edited, first))
 
 
+def _fresh_views(rank, world_size):
+    data = skewed_graph()
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    conv = SAGEConv(data.num_features, 4)
+    engine = FullGraphEngine(part)
+    engine.attach(conv)
+    local = engine.data
+    with torch.no_grad():
+        for _ in range(3):  # a view made anew each call (as a sliced feature matrix is)
+            conv(local.x[:, :], local.edge_index)
+        views = engine.static.hits
+        h = local.x * 2  # an activation: the entry goes when it is freed
+        conv(h, local.edge_index)
+        held = len(engine.static._aggregations)
+        del h
+        gone = len(engine.static._aggregations)
+    return views, held, gone
+
+
+def test_entries_follow_their_inputs_life():
+    for views, held, gone in run_distributed(_fresh_views, 2):
+        assert views == 2 and held == 1 and gone == 0
+
+
 def test_in_place_edit_is_not_served_stale():
     for same, edited_ok, changed in run_distributed(_in_place, 2):
         assert same and edited_ok and changed
