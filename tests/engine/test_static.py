@@ -42,6 +42,17 @@ def _model(kind, in_channels, out_channels, dropout):
     return TAG(in_channels, out_channels)
 
 
+def _rank_partition(rank, world_size):
+    data = skewed_graph()
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    return data, build_local_partitions(data, parts)[rank]
+
+
+def _reference(kind, data):
+    torch.manual_seed(1)
+    return _model(kind, data.num_features, 4, 0.0)
+
+
 def _train(model, data, epochs, input_dropout, backward):
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     losses = []
@@ -58,11 +69,8 @@ def _train(model, data, epochs, input_dropout, backward):
 
 
 def _run(rank, world_size, kind, aggregation, input_dropout):
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    part = build_local_partitions(data, parts)[rank]
-    torch.manual_seed(1)
-    ref = _model(kind, data.num_features, 4, 0.0)
+    data, part = _rank_partition(rank, world_size)
+    ref = _reference(kind, data)
     out = {}
     for cache in (False, True):
         engine = FullGraphEngine(part, aggregation=aggregation, cache_static=cache)
@@ -118,9 +126,7 @@ def test_input_dropout_reuses_nothing(kind):
 
 
 def _in_place(rank, world_size):
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    part = build_local_partitions(data, parts)[rank]
+    data, part = _rank_partition(rank, world_size)
     torch.manual_seed(1)
     conv = SAGEConv(data.num_features, 4)
     engine = FullGraphEngine(part)
@@ -140,9 +146,7 @@ def _in_place(rank, world_size):
 
 
 def _fresh_views(rank, world_size):
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    part = build_local_partitions(data, parts)[rank]
+    data, part = _rank_partition(rank, world_size)
     conv = SAGEConv(data.num_features, 4)
     engine = FullGraphEngine(part)
     engine.attach(conv)
@@ -170,9 +174,7 @@ def test_in_place_edit_is_not_served_stale():
 
 
 def _edited_weight(rank, world_size):
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    part = build_local_partitions(data, parts)[rank]
+    data, part = _rank_partition(rank, world_size)
     torch.manual_seed(1)
     conv = GCNConv(data.num_features, 4)
     engine = FullGraphEngine(part, aggregation="post")
@@ -204,9 +206,7 @@ def test_changed_edge_values_are_refused_not_served_stale():
 
 
 def _dropout_gives_up(rank, world_size):
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    part = build_local_partitions(data, parts)[rank]
+    data, part = _rank_partition(rank, world_size)
     conv = SAGEConv(data.num_features, 4)
     engine = FullGraphEngine(part)
     engine.attach(conv)
@@ -224,11 +224,8 @@ def test_new_input_every_step_stops_the_checks():
 
 def _phases(rank, world_size, kind):
     # Training steps, each followed by a validation forward on the same features.
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    part = build_local_partitions(data, parts)[rank]
-    torch.manual_seed(1)
-    ref = _model(kind, data.num_features, 4, 0.0)
+    data, part = _rank_partition(rank, world_size)
+    ref = _reference(kind, data)
     out = {}
     for cache in (True, False):
         engine = FullGraphEngine(part, cache_static=cache)
@@ -279,11 +276,8 @@ def test_validation_shares_the_training_aggregate(kind):
 
 
 def _sampled(rank, world_size, kind):
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    part = build_local_partitions(data, parts)[rank]
-    torch.manual_seed(1)
-    ref = _model(kind, data.num_features, 4, 0.0)
+    data, part = _rank_partition(rank, world_size)
+    ref = _reference(kind, data)
     runs = {}
     for cache in (True, False):
         engine = FullGraphEngine(part, sampling=0.5, cache_static=cache)
