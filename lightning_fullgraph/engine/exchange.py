@@ -186,13 +186,13 @@ class HaloExchange:
             :math:`[N_{own} + N_{halo}, *]` along :obj:`dim`; differentiable.
         """
         dim = dim % x.dim()
-        if exact:
-            return _HaloRows.apply(x.movedim(dim, 0), self, key, False, True).movedim(0, dim)
-        training = self._training()
         if x.size(dim) != self.num_owned:
             raise ValueError(
                 f"halo exchange '{key}': expected {self.num_owned} owned rows along "
                 f"dim {dim}, got {x.size(dim)}")
+        if exact:
+            return _HaloRows.apply(x.movedim(dim, 0), self, key, False, True).movedim(0, dim)
+        training = self._training()
         if dim != 0:
             return _HaloRows.apply(x.movedim(dim, 0), self, key, training).movedim(0, dim)
         if self.overlap and split_accepted():

@@ -15,19 +15,17 @@ Full-graph training runs on a static graph, yet an unmodified PyG model recomput
   the *same tensor, unmodified* as in the previous call -- same storage, offset, shape,
   strides, dtype and version counter, while the tensor seen then is still alive (so its
   memory cannot have been reused) -- the previous output is returned without exchanging
-  anything.  Input dropout makes a new tensor every step, so
-  nothing is reused then.
+  anything.  Input dropout makes a new tensor every step, so nothing is reused then.
 
 What the cache holds is held only while it can be reused: an entry refers to its input
 tensors (or the bases they view) *weakly* and is dropped (with its output) as soon as one of
 them is freed, so the activations a validation pass feeds to later layers (which need no
 gradient there, but change every epoch) are not kept alive until the next validation.
-Training and evaluation
-share an entry when the same input comes back in the other phase (the raw features
-aggregated in the training step, then by the validation forward): one copy of the aggregate,
-not two -- unless training exchanges differ from evaluation ones
-(``share_phases=False``: the halo cache, the asynchronous pipeline or boundary sampling
-apply to training exchanges only).  With boundary sampling (``reuse_training=False``)
+Training and evaluation share an entry when the same input comes back in the other phase
+(the raw features aggregated in the training step, then by the validation forward): one copy
+of the aggregate, not two -- unless training exchanges differ from evaluation ones
+(``share_phases=False``: the halo cache, the asynchronous pipeline or boundary sampling apply
+to training exchanges only).  With boundary sampling (``reuse_training=False``)
 training steps never reuse an aggregation: each step must see its own sample of boundary
 nodes.
 
@@ -228,8 +226,7 @@ class StaticCache:
         Args:
             point (str): The call's name (layer, call index, ending in ``.<phase>``).
             inputs (tuple): Every argument of the call; tensors (also inside tuples and
-                lists) are compared by storage and version, other values by
-                equality.
+                lists) are compared by storage and version, other values by equality.
             compute: Runs the call (with its exchanges).
             phase (str): ``"train"`` or ``"eval"`` (the layer's mode).
         """
