@@ -22,6 +22,8 @@ configurations:
                     (``--pipeline adaptive``: SYLVIE's adaptor)
 ``bns0.1``          boundary node sampling, p = 0.1 (``--boundary-sampling 0.1``)
 ``cache+int2``      the cache, int2 rows and hybrid aggregation together
+``cache+int2+bns``  the same with boundary node sampling, p = 0.1 (the cache chooses
+                    among each epoch's sampled rows)
 ``overlap``         synchronous and exact, the halo transfer overlapped with the
                     owned-source aggregation (``--overlap``)
 ==================  =============================================================
@@ -56,6 +58,7 @@ CONFIGS: Dict[str, Tuple[str, ...]] = {
     "adaptor": ("--pipeline", "adaptive"),
     "bns0.1": ("--boundary-sampling", "0.1"),
     "cache+int2": ("--cache", "adaptive", "--codec", "int2"),
+    "cache+int2+bns": ("--cache", "adaptive", "--codec", "int2", "--boundary-sampling", "0.1"),
     "overlap": ("--overlap",),
 }
 

@@ -129,6 +129,9 @@ class CacheState:
         self.mirror = torch.zeros(num_send, num_features, dtype=dtype, device=device)
         self.age = torch.zeros(num_send, dtype=torch.long, device=device)
         self.held = torch.zeros(num_recv, num_features, dtype=dtype, device=device)
+        # Rows the receiver holds (all after the first exchange, unless boundary sampling
+        # kept some out of every exchange so far).
+        self.known = torch.zeros(num_send, dtype=torch.bool, device=device)
         self.fresh = True  # nothing exchanged yet: every row goes
 
     def matches(self, num_send: int, num_recv: int, num_features: int,

@@ -60,7 +60,7 @@ class FullGraphEngine:
             default none: synchronous).
         sampling (BoundarySampling or float, optional): Boundary node sampling of training
             exchanges (:class:`~.sampling.BoundarySampling` or the kept fraction :math:`p`;
-            default none).
+            default none); combinable with :obj:`cache`, not with :obj:`pipeline`.
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
         timeout (float or timedelta, optional): The collective timeout of
@@ -72,8 +72,9 @@ class FullGraphEngine:
         seed (int): Seed shared by the ranks, for stochastic codecs.
         cache_static (bool): Compute ``gcn_norm`` once per graph and reuse the aggregation
             of inputs that are the same unchanged tensor as last step (e.g. the raw features
-            into ``SAGEConv``/``GINConv``), without exchanging them again; exact (see
-            :mod:`lightning_fullgraph.engine.static`). Default on.
+            into ``SAGEConv``/``GINConv``), without exchanging them again; exact, also
+            under the halo cache, the pipeline and sampling, which then apply to the rows
+            that change (see :mod:`lightning_fullgraph.engine.static`). Default on.
         ranks_per_host (int, optional): Processes per machine (ranks host-major, as Lightning
             numbers them): inter-host bytes are counted apart in :attr:`stats`.
         overlap (bool): In synchronous exchanges of sum aggregations run by the kernels
@@ -117,14 +118,7 @@ class FullGraphEngine:
                 exchange.set_levels(*levels)
             exchange.set_node_ids(partition.owned_ids[exchange.plan.post.send_index.cpu()])
         self.router = AggregationRouter(partition, self.exchanges, aggregation, group, timeout)
-        # Training exchanges differ from evaluation ones only through the halo cache, the
-        # pipeline and sampling (all from the arguments: the same on every rank).
-        resampled = self.policy.sampling is not None and not self.policy.sampling.lossless
-        self.static = StaticCache(
-            group, enabled=cache_static, timeout=timeout,
-            share_phases=not resampled and self.policy.pipeline is None
-            and next(self.policy.caches(), None) is None,
-            reuse_training=not resampled)
+        self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
         self.loss_mask = loss_mask
         self._model: Optional[PartitionedModel] = None
         self._data: Optional[Data] = None

@@ -378,10 +378,19 @@ class HaloExchange:
             mine, theirs, counts_out, counts_in = halo_kept, send_kept, self._post_recv, \
                 self._post_send
         levels = self._post_levels(direction)
-        if levels is not None:
-            levels = (levels[0].to(mine.device)[mine], levels[1].to(theirs.device)[theirs])
         scale = 1.0 / self.policy.sampling.rate
         flat = rows.reshape(rows.size(0), -1)
+        cache = self.policy.cache(key, direction)
+        if cache is not None:
+            # The cache decides among the kept rows; unkept rows stay in the receiver's copy
+            # for later steps but reach the layer as zeros, like every unkept row.
+            held = self._send_cached(flat, counts_out, counts_in, key, direction, levels,
+                                     cache, "post", kept=(mine, theirs))
+            out = flat.new_zeros((theirs.numel(), flat.size(1)))
+            out[theirs] = held[theirs].to(out.dtype) * scale
+            return out.reshape((out.size(0), ) + tuple(rows.shape[1:]))
+        if levels is not None:
+            levels = (levels[0].to(mine.device)[mine], levels[1].to(theirs.device)[theirs])
         payload = flat[mine] * scale if direction == "backward" else flat[mine]
         received, _ = self._transfer(payload, per_peer(mine, counts_out),
                                      per_peer(theirs, counts_in), key, direction, levels)
@@ -401,24 +410,41 @@ class HaloExchange:
 
     def _send_cached(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
                      key: str, direction: str, levels: Optional[Tuple[Tensor, Tensor]],
-                     cache: HaloCache, channel: str) -> Tensor:
+                     cache: HaloCache, channel: str,
+                     kept: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
         r"""One training exchange through the adaptive cache (:mod:`~.cache`): a bitmask of
-        the rows that go, then those rows (or their deltas), then the receiver's copy."""
+        the rows that go, then those rows (or their deltas), then the receiver's copy.
+
+        :obj:`kept` (boundary sampling: the send slots and received rows of this step's
+        sample, known to both ends) limits the rows that may go to the kept ones, and the
+        bitmask to their bits; a kept row the receiver never got always goes."""
         n_send, n_recv, f = flat.size(0), sum(recv_counts), flat.size(1)
         state = self._cache_states.get((channel, key, direction))
         if state is None or not state.matches(n_send, n_recv, f, flat.dtype):
             state = CacheState(n_send, n_recv, f, flat.dtype, flat.device)
             self._cache_states[(channel, key, direction)] = state
-        if state.fresh:  # both ends know: every row goes, no bitmask
-            sel = torch.ones(n_send, dtype=torch.bool, device=flat.device)
-            recv_sel = torch.ones(n_recv, dtype=torch.bool, device=flat.device)
+        mine, theirs = kept if kept is not None else (None, None)
+        if state.fresh:  # both ends know: every (kept) row goes, no bitmask
+            sel = torch.ones(n_send, dtype=torch.bool, device=flat.device) if mine is None \
+                else mine.clone()
+            recv_sel = torch.ones(n_recv, dtype=torch.bool, device=flat.device) \
+                if theirs is None else theirs.clone()
         else:
             sel = select_rows(flat, state.mirror, state.age, cache.epsilon, cache.max_age)
-            packed = self.transport.exchange(pack_mask(sel, send_counts),
-                                             mask_bytes(send_counts), mask_bytes(recv_counts),
+            mask_send, mask_recv = send_counts, recv_counts
+            if mine is not None:
+                sel = (sel | ~state.known) & mine
+                mask_send, mask_recv = per_peer(mine, send_counts), per_peer(theirs, recv_counts)
+            packed = self.transport.exchange(pack_mask(sel if mine is None else sel[mine],
+                                                       mask_send),
+                                             mask_bytes(mask_send), mask_bytes(mask_recv),
                                              key=key, direction=direction, unit="bytes",
                                              rows=(0, 0))
-            recv_sel = unpack_mask(packed, recv_counts)
+            recv_sel = unpack_mask(packed, mask_recv)
+            if theirs is not None:
+                among_kept, recv_sel = recv_sel, torch.zeros(n_recv, dtype=torch.bool,
+                                                             device=flat.device)
+                recv_sel[theirs] = among_kept
         lossless = self.policy.codec(key, direction).lossless
         payload = flat[sel] if lossless else (flat - state.mirror)[sel]
         if levels is not None:
@@ -434,6 +460,7 @@ class HaloExchange:
             state.held[recv_sel] += received.to(state.held.dtype)
         state.age += 1
         state.age[sel] = 0
+        state.known |= sel
         state.fresh = False
         self.stats.record_cache(key, direction, eligible=n_send,
                                 skipped=n_send - int(sel.sum()))

@@ -429,8 +429,18 @@ def _static_propagate(layer: MessagePassing, key: str, inner: Callable,
             return inner(*args, **kwargs)
         call = active.calls
         phase = "train" if layer.training else "eval"
+
+        def fresh():
+            # What may be kept is computed from current rows, as evaluation exchanges them
+            # (no halo cache, pipeline or boundary sampling).
+            training, active.training = active.training, False
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                active.training = training
+
         out = static.aggregation(f"{key}.propagate{call}{active.variant}.{phase}", (args, kwargs),
-                                 lambda: inner(*args, **kwargs), phase=phase)
+                                 lambda: inner(*args, **kwargs), phase=phase, fresh=fresh)
         if active.calls == call:  # reused: no pre-hook ran, keep the hop numbering
             active.calls += 1
         return out

@@ -62,15 +62,13 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
             return original(x, edge_index, edge_weight)
         phase = "train" if layer.training else "eval"
         point = f"{key}.reorder.{phase}"
-        if not static.reuses(phase):  # e.g. training with boundary sampling: never reused
-            return original(x, edge_index, edge_weight)
         if not agreement.decide(point, not x.requires_grad) or static.gave_up(point):
             return original(x, edge_index, edge_weight)
         seen = last[phase]
-        # The other phase's input counts too when the phases share aggregations: the first
+        # The other phase's input counts too (the phases share aggregations): the first
         # validation after training steps then reuses their aggregate at once.
-        same = not x.requires_grad and (seen.same(x) or (
-            static.share_phases and last["eval" if phase == "train" else "train"].same(x)))
+        same = not x.requires_grad and (
+            seen.same(x) or last["eval" if phase == "train" else "train"].same(x))
         if not x.requires_grad:
             seen.remember(x)
         if not static.agreed_reuse(point, same):

@@ -21,13 +21,15 @@ What the cache holds is held only while it can be reused: an entry refers to its
 tensors (or the bases they view) *weakly* and is dropped (with its output) as soon as one of
 them is freed, so the activations a validation pass feeds to later layers (which need no
 gradient there, but change every epoch) are not kept alive until the next validation.
-Training and evaluation share an entry when the same input comes back in the other phase
-(the raw features aggregated in the training step, then by the validation forward): one copy
-of the aggregate, not two -- unless training exchanges differ from evaluation ones
-(``share_phases=False``: the halo cache, the asynchronous pipeline or boundary sampling apply
-to training exchanges only).  With boundary sampling (``reuse_training=False``)
-training steps never reuse an aggregation: each step must see its own sample of boundary
-nodes.
+
+An aggregation that may be kept is computed with the exchanges evaluation uses (``fresh``:
+every row, current, through the codec), also in a training step: the halo cache, the
+asynchronous pipeline and boundary sampling reduce what crosses the wire every step, and a
+static input crosses it once.  So under boundary sampling the raw features' aggregate is the
+exact one, not one step's sample kept for every later step, and the later layers' rows are
+sampled anew every step.  Training and evaluation then share an entry when the same input
+comes back in the other phase (the raw features aggregated in the training step, then by
+the validation forward): one copy of the aggregate, not two.
 
 Skipping an exchange must happen on all ranks or none.  A normalization point is agreed static
 on its first call (:class:`~.agreement.Agreement`) and then costs nothing; other edge values
@@ -131,20 +133,13 @@ class StaticCache:
         group (ProcessGroup, optional): Group of the agreement all-reduces.
         enabled (bool): Off: every call recomputes and exchanges.
         timeout (float or timedelta, optional): The group's timeout, named in errors.
-        share_phases (bool): Training and evaluation exchanges are the same (no halo cache,
-            pipeline or sampling), so an aggregation computed in one phase serves the other.
-        reuse_training (bool): Training steps may reuse aggregations (off with boundary
-            sampling: every step samples anew).  Must be the same on every rank.
     """
 
     def __init__(self, group: Optional[Any] = None, enabled: bool = True,
-                 timeout: Optional[Any] = None, share_phases: bool = True,
-                 reuse_training: bool = True) -> None:
+                 timeout: Optional[Any] = None) -> None:
         self.group = group
         self.enabled = bool(enabled)
         self.timeout = timeout
-        self.share_phases = bool(share_phases)
-        self.reuse_training = bool(reuse_training)
         self._eligible = Agreement(group, "static-input cache", timeout)
         self._norm_points = Agreement(group, "static normalization", timeout)
         self._streaks: Dict[str, int] = {}
@@ -190,11 +185,6 @@ class StaticCache:
             self.hits += 1
         return found
 
-    def reuses(self, phase: str) -> bool:
-        r"""Whether aggregations of :obj:`phase` (``"train"`` or ``"eval"``) can be reused
-        (the same answer on every rank)."""
-        return self.enabled and (phase != "train" or self.reuse_training)
-
     def gave_up(self, point: str) -> bool:
         r"""Whether :obj:`point` stopped checking for reuse (see :meth:`agreed_reuse`)."""
         return point in self._given_up
@@ -219,7 +209,8 @@ class StaticCache:
 
     # -- aggregations of unchanged inputs -------------------------------------------------
     def aggregation(self, point: str, inputs: Tuple[Any, ...],
-                    compute: Callable[[], Any], phase: str = "train") -> Any:
+                    compute: Callable[[], Any], phase: str = "train",
+                    fresh: Optional[Callable[[], Any]] = None) -> Any:
         r"""The output of a ``propagate`` call of an eligible layer, reused while its
         inputs are unchanged.
 
@@ -229,8 +220,11 @@ class StaticCache:
                 lists) are compared by storage and version, other values by equality.
             compute: Runs the call (with its exchanges).
             phase (str): ``"train"`` or ``"eval"`` (the layer's mode).
+            fresh: Runs the call with the exchanges of evaluation (no halo cache, pipeline
+                or sampling); used for every result that may be kept (default:
+                :obj:`compute`).
         """
-        if not self.reuses(phase):
+        if not self.enabled:
             return compute()
         leaves = _leaves(inputs)
         static = leaves is not None and not any(
@@ -241,7 +235,7 @@ class StaticCache:
             return compute()
         entry = self._aggregations.get(point) if static else None
         hit = entry is not None and self._same(entry, leaves)
-        if static and not hit and self.share_phases:
+        if static and not hit:
             twin = self._aggregations.get(twin_point(point, phase))
             if twin is not None and self._same(twin, leaves):
                 entry, hit = twin, True
@@ -249,7 +243,7 @@ class StaticCache:
             self.hits += 1
             return entry.output
         self.misses += 1
-        output = compute()
+        output = (fresh or compute)() if static else compute()
         if static and isinstance(output, Tensor) and not output.requires_grad \
                 and point not in self._given_up:
             self._remember(point, leaves, output)

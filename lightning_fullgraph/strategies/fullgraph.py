@@ -113,8 +113,8 @@ class FullGraphStrategy(DDPStrategy):
             async from the loss-descent rate (SYLVIE).  Default none (synchronous, exact).
         boundary_sampling (float, optional): Boundary node sampling (BNS-GCN): each training
             epoch every rank keeps this fraction :math:`p` of its halo nodes, scaled by
-            :math:`1/p` (unbiased for sum and mean aggregations); ``1`` is exact.  Default
-            none.
+            :math:`1/p` (unbiased for sum and mean aggregations); ``1`` is exact.  Combines
+            with :obj:`cache` (the cache chooses among the kept rows).  Default none.
         overlap (bool): Overlap the synchronous halo exchange with the aggregation of the
             edges whose sources are local (sum aggregations on the kernels; see
             :class:`~lightning_fullgraph.engine.FullGraphEngine`).  Default off.

@@ -66,13 +66,13 @@ def test_halo_cache_settings_are_validated_and_parsed():
 
 
 # -- one exchange point on several ranks -----------------------------------------------------
-def _steps(rank, world_size, codec_name, epsilon):
+def _steps(rank, world_size, codec_name, epsilon, rate=None):
     data = skewed_graph(num_nodes=160, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
     codec = None if codec_name == "fp32" else QuantizedCodec(8)
     cache = HaloCache(epsilon, max_age=4)
-    engine = FullGraphEngine(part, codec=codec, cache=cache, aggregation="post")
+    engine = FullGraphEngine(part, codec=codec, cache=cache, sampling=rate, aggregation="post")
     ex = engine.exchange
     g = torch.Generator().manual_seed(7)
     x_global = data.x.clone()
@@ -93,6 +93,12 @@ def _steps(rank, world_size, codec_name, epsilon):
         halo = out[ex.num_owned:].detach()
         state = ex._cache_states[("post", "probe", "forward")]
         truth = x_global[part.halo_ids]
+        if rate is None:
+            served = state.held
+        else:  # boundary sampling: the kept rows of the cache, scaled by 1/p; zeros elsewhere
+            kept = ex._sampled()[1]
+            served = torch.where(kept[:, None], state.held / rate, torch.zeros_like(halo))
+            halo, truth = halo[kept] * rate, truth[kept]
         size = truth.abs().amax(1).clamp_min(1e-12)
         err = ((halo - truth).abs().amax(1) / size)
         # Gradients of the halo rows flow back (through the backward cache).
@@ -100,9 +106,11 @@ def _steps(rank, world_size, codec_name, epsilon):
         after = ex.stats.total()
         mirror_rows = state.mirror.clone()
         report.append(dict(
-            held_is_output=torch.equal(state.held, halo),
+            held_is_output=torch.equal(served, out[ex.num_owned:].detach()),
             max_rel_err=float(err.max()) if err.numel() else 0.0,
             skipped=after.rows_skipped - before.rows_skipped,
+            # Rows boundary sampling keeps (forward rows sent, backward gradients returned).
+            kept=None if rate is None else int(ex._sampled()[0].sum() + ex._sampled()[1].sum()),
             eligible=after.rows_eligible - before.rows_eligible,
             grad_finite=bool(torch.isfinite(x.grad).all()),
             mirror=mirror_rows, held=state.held.clone()))
@@ -117,14 +125,16 @@ def _steps(rank, world_size, codec_name, epsilon):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("codec", ["fp32", "int8"])
-def test_mirror_equals_receiver_cache_and_staleness_is_bounded(codec):
+@pytest.mark.parametrize("codec,rate", [("fp32", None), ("int8", None), ("int8", 0.5)])
+def test_mirror_equals_receiver_cache_and_staleness_is_bounded(codec, rate):
     epsilon = 0.1
-    results = run_distributed(_steps, 3, codec, epsilon)
+    results = run_distributed(_steps, 3, codec, epsilon, rate)
     skipped_somewhere = False
     for rank, (report, mirror_equals_cache) in enumerate(results):
         assert mirror_equals_cache, rank  # sender mirror == receiver cache, bit for bit
-        assert report[0]["skipped"] == 0  # the first exchange sends every row
+        # The first exchange sends every row (every kept row, under boundary sampling).
+        first = report[0]
+        assert first["skipped"] == (0 if rate is None else first["eligible"] - first["kept"])
         for step, r in enumerate(report):
             assert r["held_is_output"] and r["grad_finite"], (rank, step)
             # A served row is within epsilon of the truth (plus the codec's error for int8).

@@ -22,7 +22,8 @@ def test_settings_and_draws():
     assert BoundarySampling(1.0).lossless and not ExchangePolicy(sampling=0.5).lossless
     assert "boundary sampling p=0.5" in ExchangePolicy(sampling=0.5).describe()
     with pytest.raises(ValueError, match="cannot be combined"):
-        ExchangePolicy(sampling=0.5, cache=0.1)
+        ExchangePolicy(sampling=0.5, pipeline="async")
+    assert "adaptive cache" in ExchangePolicy(sampling=0.5, cache=0.1).describe()
     s = BoundarySampling(0.3)
     ids = torch.arange(20000)
     kept = s.kept(ids, receiver=1, seed=0, step=4)
@@ -110,3 +111,74 @@ def _train(rank, world_size, sampling):
 def test_rate_one_is_bit_identical_to_no_sampling():
     for a, b in zip(run_distributed(_train, 2, None), run_distributed(_train, 2, 1.0)):
         assert all((x == y).all() for x, y in zip(a, b))
+
+
+def _train_cached(rank, world_size, sampling, cache, kind):
+    from .models import Net
+    data = skewed_graph(num_nodes=150, num_features=8)
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    torch.manual_seed(0)
+    model = Net(kind, 8, 4)
+    engine = FullGraphEngine(part, sampling=sampling, cache=cache, aggregation="hybrid")
+    engine.attach(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    outs = []
+    try:
+        for step in range(5):
+            engine.next_step()
+            opt.zero_grad()
+            out = model(engine.data.x, engine.data.edge_index)
+            mask = engine.data.train_mask
+            loss = torch.nn.functional.cross_entropy(out[mask], engine.data.y[mask])
+            engine.backward(engine.scale_loss(loss))
+            opt.step()
+            outs.append(out.detach().numpy())
+        grads = [p.grad.numpy().copy() for p in model.parameters()]
+        total = engine.stats.total()
+    finally:
+        engine.detach()
+    return outs, grads, total.bytes_sent, total.rows_skipped, total.rows_eligible
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["gcn", "sage_mean"])
+def test_cache_with_epsilon_zero_under_sampling_is_sampling_alone(kind):
+    # The cache picks among each step's kept rows: with epsilon 0 it skips only rows that did
+    # not change (the raw features of layer 1), so logits and gradients are those of
+    # sampling alone, bit for bit, with fewer bytes.
+    from lightning_fullgraph.engine import HaloCache
+    alone = run_distributed(_train_cached, 3, 0.5, None, kind)
+    both = run_distributed(_train_cached, 3, 0.5, HaloCache(0.0), kind)
+    for rank, (a, b) in enumerate(zip(alone, both)):
+        assert all((x == y).all() for x, y in zip(a[0], b[0])), rank
+        assert all((x == y).all() for x, y in zip(a[1], b[1])), rank
+        assert b[3] > a[3], (rank, a[3], b[3])  # the cache skipped more rows
+    assert sum(b[2] for b in both) < sum(a[2] for a in alone)
+
+
+def _first_kept(rank, world_size):
+    from lightning_fullgraph.engine import HaloCache
+    data = skewed_graph(num_nodes=120, num_features=F)
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    # epsilon 10: no row that arrived once is ever resent (the features do not change).
+    engine = FullGraphEngine(part, cache=HaloCache(10.0, max_age=1000), sampling=0.5,
+                             aggregation="post")
+    ex = engine.exchange
+    x = data.x[part.owned_ids]
+    truth = data.x[part.halo_ids]
+    ok = []
+    for step in range(4):
+        ex.step = step
+        halo = layer_exchange(ex, x)[ex.num_owned:]
+        kept = ex._sampled()[1]
+        ok.append(torch.allclose(halo[kept], truth[kept] / 0.5)
+                  and bool((halo[~kept] == 0).all()))
+    return ok
+
+
+@pytest.mark.multiprocess
+def test_a_kept_row_the_receiver_never_got_is_sent_whatever_epsilon():
+    for rank, ok in enumerate(run_distributed(_first_kept, 3)):
+        assert all(ok), (rank, ok)
