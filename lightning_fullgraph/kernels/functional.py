@@ -76,4 +76,7 @@ def aggregate(
                           csr.t_perm, be)
     if csr.order is not None:
         out = permute_rows(out, csr.order.inv, csr.order.perm)
-    return out.reshape((csr.num_dst,) + tuple(trailing))
+    shape = (csr.num_dst,) + tuple(trailing)
+    # Not a view when the shape already fits: an in-place add into a view (the split
+    # aggregation's halo part) costs autograd two N x F copies in backward (CopySlices).
+    return out if out.shape == shape else out.reshape(shape)

@@ -37,6 +37,19 @@ def test_split_equals_concatenated(weighted, backend):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_halo_part_adds_in_place_without_copies_in_backward(backend):
+    # The halo part is added in place into the owned part's output; were that output a view
+    # (aggregate returned a same-shape reshape), autograd would replay the add through
+    # CopySlices, two N x F copies per backward (measured: backward 1.8x slower at 250k x 128).
+    ei, g = _graph()
+    own = torch.randn(40, 8, generator=g, requires_grad=True)
+    halo = torch.randn(25, 8, generator=g, requires_grad=True)
+    assert aggregate(own, ei[:, ei[0] < 40], None, "sum", 40, backend=backend)._base is None
+    out = aggregate_split(SplitRows(own, lambda: halo, 25), ei, None, 40, backend=backend)
+    assert type(out.grad_fn).__name__ != "CopySlices"
+
+
 def test_halo_without_edges_still_gets_a_gradient():
     # Every rank's backward exchange must run: the halo stays in the graph with zero edges.
     ei = torch.tensor([[0, 1], [1, 0]])
