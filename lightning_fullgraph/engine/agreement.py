@@ -5,7 +5,7 @@ exchanging, changes which collectives a rank calls.  A rank that decided differe
 its peers would wait in a collective nobody else joins, so every such decision is the
 minimum over ranks of each rank's local answer (one small all-reduce).
 """
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -22,12 +22,19 @@ def all_agree(local_ok: bool, group: Optional[Any] = None, what: str = "decision
     Every rank of the group must call it at the same point; :obj:`timeout` (the group's) is
     named in the error if a peer does not come.
     """
-    ok = torch.tensor([1 if local_ok else 0], dtype=torch.int32)
+    return all_agree_each((local_ok, ), group, what, timeout)[0]
+
+
+def all_agree_each(local_oks: Sequence[bool], group: Optional[Any] = None,
+                   what: str = "decision", timeout: Optional[Any] = None) -> Tuple[bool, ...]:
+    r"""For each of :obj:`local_oks`, whether it holds on every rank (one all-reduce for
+    all of them); see :func:`all_agree`."""
+    ok = torch.tensor([1 if v else 0 for v in local_oks], dtype=torch.int32)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         with guarded(what, rank, [r for r in range(world) if r != rank], timeout):
             dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-    return int(ok) == 1
+    return tuple(int(v) == 1 for v in ok)
 
 
 class Agreement:

@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor
 
-from .agreement import Agreement, all_agree
+from .agreement import Agreement, all_agree_each
 
 __all__ = ["StaticCache", "GIVE_UP"]
 
@@ -196,16 +196,21 @@ class StaticCache:
         all-reduces; e.g. an input made anew by dropout every step). The streak is counted from
         agreed results only, so every rank gives up at the same call.
         """
+        return self._agreed(point, local_hit, True)[0]
+
+    def _agreed(self, point: str, local_hit: bool, local_static: bool) -> Tuple[bool, bool]:
+        r""":meth:`agreed_reuse`, and in the same all-reduce whether every rank's inputs are
+        static (which exchanges a miss then runs: they must be the same on every rank)."""
         if point in self._given_up:
-            return False
-        ok = all_agree(local_hit, self.group, f"static-input cache check for '{point}'",
-                       self.timeout)
+            return False, False
+        ok, static = all_agree_each((local_hit, local_static), self.group,
+                                    f"static-input cache check for '{point}'", self.timeout)
         streak = 0 if ok else self._streaks.get(point, 0) + 1
         self._streaks[point] = streak
         if streak >= GIVE_UP:
             self._given_up.add(point)
             self._aggregations.pop(point, None)
-        return ok
+        return ok, static
 
     # -- aggregations of unchanged inputs -------------------------------------------------
     def aggregation(self, point: str, inputs: Tuple[Any, ...],
@@ -239,12 +244,15 @@ class StaticCache:
             twin = self._aggregations.get(twin_point(point, phase))
             if twin is not None and self._same(twin, leaves):
                 entry, hit = twin, True
-        if self.agreed_reuse(point, hit):
+        reuse, all_static = self._agreed(point, hit, static)
+        if reuse:
             self.hits += 1
             return entry.output
         self.misses += 1
-        output = (fresh or compute)() if static else compute()
-        if static and isinstance(output, Tensor) and not output.requires_grad \
+        # Fresh exchanges only where every rank runs them: a rank whose input needs a
+        # gradient this call runs the training ones (halo cache, sampling: other collectives).
+        output = (fresh or compute)() if all_static else compute()
+        if all_static and isinstance(output, Tensor) and not output.requires_grad \
                 and point not in self._given_up:
             self._remember(point, leaves, output)
         else:

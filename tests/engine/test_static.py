@@ -313,3 +313,29 @@ def test_boundary_sampling_keeps_the_exact_aggregate_of_static_inputs(kind):
                          else "convs.0.propagate0.train"], names
         assert max(errors) <= 1e-5, errors
         assert skipped > 0  # sampling left rows out
+
+
+def _mixed_gradients(rank, world_size):
+    from lightning_fullgraph.engine import HaloCache
+    data, part = _rank_partition(rank, world_size)
+    conv = SAGEConv(data.num_features, 4)
+    engine = FullGraphEngine(part, sampling=0.5, cache=HaloCache(0.0), aggregation="post")
+    engine.attach(conv)
+    local = engine.data
+    conv(local.x, local.edge_index)  # static on every rank: agreed eligible, kept
+    # Next call: rank 0's input needs a gradient, rank 1's is a new static tensor. Both miss;
+    # rank 0 must run the training exchanges (sampling, halo cache), and so must rank 1.
+    x = local.x.clone().requires_grad_() if rank == 0 else local.x * 1.0
+    out = conv(x, local.edge_index)
+    kept = sorted(engine.static._aggregations)
+    engine.detach()
+    return bool(torch.isfinite(out).all()), kept
+
+
+def test_ranks_with_and_without_input_gradients_run_the_same_exchanges():
+    # Which exchanges a miss runs (fresh or training ones) is agreed: taken from the local
+    # input alone, rank 1 ran evaluation exchanges while rank 0 ran the halo cache's bitmask
+    # and sampled rows, and the collectives never matched.
+    for finite, kept in run_distributed(_mixed_gradients, 2, timeout_s=60):
+        assert finite
+        assert kept == []  # a result from sampled rows is not kept
