@@ -24,6 +24,9 @@ configurations:
 ``cache+int2``      the cache, int2 rows and hybrid aggregation together
 ``cache+int2+bns``  the same with boundary node sampling, p = 0.1 (the cache chooses
                     among each epoch's sampled rows)
+``cache+int2c``     ``cache+int2`` with the compact 4-byte header (``--codec int2-compact``:
+                    zero point and scale in bfloat16, rounded outwards)
+``cache+int2c+bns`` the same with boundary node sampling, p = 0.1
 ``overlap``         synchronous and exact, the halo transfer overlapped with the
                     owned-source aggregation (``--overlap``)
 ==================  =============================================================
@@ -59,6 +62,9 @@ CONFIGS: Dict[str, Tuple[str, ...]] = {
     "bns0.1": ("--boundary-sampling", "0.1"),
     "cache+int2": ("--cache", "adaptive", "--codec", "int2"),
     "cache+int2+bns": ("--cache", "adaptive", "--codec", "int2", "--boundary-sampling", "0.1"),
+    "cache+int2c": ("--cache", "adaptive", "--codec", "int2-compact"),
+    "cache+int2c+bns": ("--cache", "adaptive", "--codec", "int2-compact", "--boundary-sampling",
+                        "0.1"),
     "overlap": ("--overlap",),
 }
 

@@ -4,6 +4,10 @@
 // lightning_fullgraph/engine/codecs/quantize.py; the pure-PyTorch reference there and the
 // Triton twin (lightning_fullgraph/kernels/triton_quantize.py) produce the same bytes.
 //
+// Two header formats: float32 Z and S (8 bytes), or the compact one (4 bytes): Z rounded down
+// and S rounded up to bfloat16 (their high halves), the codes computed against the rounded
+// values (see the reference's module docstring).
+//
 // Design (why):
 //  * Bit-exact with the reference: every float step is one IEEE float32 operation in the
 //    reference's order, and the library is built with -ffp-contract=off (the loader's
@@ -35,6 +39,7 @@
 namespace {
 
 constexpr int64_t kHeader = 8;
+constexpr int64_t kCompactHeader = 4;
 constexpr uint32_t kRowMul = 0x9E3779B9u;
 constexpr uint32_t kColMul = 0x7FEB352Du;
 constexpr uint32_t kFmix1 = 0x85EBCA6Bu;
@@ -58,6 +63,29 @@ inline float bits_to_float(uint32_t b) {
   return f;
 }
 
+inline uint32_t float_to_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// The largest bfloat16 <= x: truncation rounds towards zero, so a negative x with dropped
+// bits takes one more unit of magnitude (-inf past the largest bfloat16).
+inline float bf16_down(float x) {
+  const uint32_t b = float_to_bits(x);
+  uint32_t cut = b & 0xFFFF0000u;
+  if ((b >> 31) && (b & 0xFFFFu) && x == x) cut += 0x10000u;
+  return bits_to_float(cut);
+}
+
+// The smallest bfloat16 >= x, for x >= 0 (+inf past the largest).
+inline float bf16_up(float x) {
+  const uint32_t b = float_to_bits(x);
+  uint32_t cut = b & 0xFFFF0000u;
+  if ((b & 0xFFFFu) && x == x) cut += 0x10000u;
+  return bits_to_float(cut);
+}
+
 int num_threads() { return std::max(1, at::get_num_threads()); }
 
 struct Header {
@@ -67,7 +95,7 @@ struct Header {
   float head_zero, head_scale;  // what the header carries
 };
 
-inline Header row_header(const float* __restrict x, int64_t f, int bits) {
+inline Header row_header(const float* __restrict x, int64_t f, int bits, bool compact) {
   float lo = std::numeric_limits<float>::infinity();
   float hi = -std::numeric_limits<float>::infinity();
   int32_t any_nan = 0;
@@ -81,20 +109,29 @@ inline Header row_header(const float* __restrict x, int64_t f, int bits) {
     any_nan |= (v != v);
   }
   // + 0.0f: -0.0 becomes +0.0, whichever of two zeros the scan happened to keep.
-  const float zero = lo + 0.0f;
+  float zero = lo + 0.0f;
   const float top = hi + 0.0f;
-  const float span = top - zero;
+  float span = top - zero;
   const float levels = static_cast<float>((1 << bits) - 1);
   Header h;
   h.bad = any_nan || !std::isfinite(span);
+  if (compact && !h.bad) {
+    zero = bf16_down(zero);
+    span = top - zero;
+    h.bad = !std::isfinite(span);
+  }
+  float scale = h.bad ? 0.0f : span / levels;
+  if (scale < kMinScale) scale = 0.0f;
+  if (compact && !h.bad) {
+    scale = bf16_up(scale);
+    h.bad = !std::isfinite(scale);
+  }
   if (h.bad) {
     h.zero = 0.0f;
     h.inv = 0.0f;
     h.head_zero = h.head_scale = bits_to_float(kNanBits);
     return h;
   }
-  float scale = span / levels;
-  if (scale < kMinScale) scale = 0.0f;
   h.zero = zero;
   h.inv = scale > 0.0f ? 1.0f / scale : 0.0f;
   h.head_zero = zero;
@@ -128,20 +165,28 @@ inline void row_codes(const float* __restrict x, int64_t c0, int64_t n, const He
 }
 
 template <int BITS, bool STOCH>
-void encode_rows(const float* x, int64_t r0, int64_t r1, int64_t f, int64_t width, uint32_t k0,
-                 uint32_t k1, uint8_t* wire) {
+void encode_rows(const float* x, int64_t r0, int64_t r1, int64_t f, int64_t width, bool compact,
+                 uint32_t k0, uint32_t k1, uint8_t* wire) {
   constexpr int kPer = 8 / BITS;
+  const int64_t head = compact ? kCompactHeader : kHeader;
   alignas(64) uint8_t codes[kChunk];
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * f;
     uint8_t* wr = wire + r * width;
-    const Header h = row_header(xr, f, BITS);
-    std::memcpy(wr, &h.head_zero, 4);
-    std::memcpy(wr + 4, &h.head_scale, 4);
+    const Header h = row_header(xr, f, BITS, compact);
+    if (compact) {  // the high halves, exact: both values are bfloat16 (or the NaN)
+      const uint16_t hz = static_cast<uint16_t>(float_to_bits(h.head_zero) >> 16);
+      const uint16_t hs = static_cast<uint16_t>(float_to_bits(h.head_scale) >> 16);
+      std::memcpy(wr, &hz, 2);
+      std::memcpy(wr + 2, &hs, 2);
+    } else {
+      std::memcpy(wr, &h.head_zero, 4);
+      std::memcpy(wr + 4, &h.head_scale, 4);
+    }
     const uint32_t row_key = fmix32(static_cast<uint32_t>(r) * kRowMul + k0) ^ k1;
-    uint8_t* packed = wr + kHeader;
+    uint8_t* packed = wr + head;
     if (h.bad) {  // (x - 0) * 0 would be NaN for an infinite entry: no codes to compute
-      std::memset(packed, 0, width - kHeader);
+      std::memset(packed, 0, width - head);
       continue;
     }
     for (int64_t c0 = 0; c0 < f; c0 += kChunk) {
@@ -182,16 +227,26 @@ struct Unpack {
 };
 
 template <int BITS>
-void decode_rows(const uint8_t* wire, int64_t r0, int64_t r1, int64_t f, int64_t width, float* out) {
+void decode_rows(const uint8_t* wire, int64_t r0, int64_t r1, int64_t f, int64_t width, bool compact,
+                 float* out) {
   constexpr int kPer = 8 / BITS;
   static const Unpack<BITS> unpack;  // built once (thread-safe static initialization)
+  const int64_t head = compact ? kCompactHeader : kHeader;
   alignas(64) uint8_t codes[kChunk];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* wr = wire + r * width;
     float zero, scale;
-    std::memcpy(&zero, wr, 4);
-    std::memcpy(&scale, wr + 4, 4);
-    const uint8_t* packed = wr + kHeader;
+    if (compact) {
+      uint16_t hz, hs;
+      std::memcpy(&hz, wr, 2);
+      std::memcpy(&hs, wr + 2, 2);
+      zero = bits_to_float(static_cast<uint32_t>(hz) << 16);
+      scale = bits_to_float(static_cast<uint32_t>(hs) << 16);
+    } else {
+      std::memcpy(&zero, wr, 4);
+      std::memcpy(&scale, wr + 4, 4);
+    }
+    const uint8_t* packed = wr + head;
     float* outr = out + r * f;
     for (int64_t c0 = 0; c0 < f; c0 += kChunk) {
       const int64_t n = std::min(kChunk, f - c0);
@@ -234,20 +289,22 @@ void over_rows(int64_t n, int64_t f, Fn fn) {
 }
 
 template <int BITS>
-void encode_dispatch(const float* x, int64_t n, int64_t f, int64_t width, bool stochastic, uint32_t k0,
-                     uint32_t k1, uint8_t* wire) {
+void encode_dispatch(const float* x, int64_t n, int64_t f, int64_t width, bool compact, bool stochastic,
+                     uint32_t k0, uint32_t k1, uint8_t* wire) {
   over_rows(n, f, [&](int64_t r0, int64_t r1) {
     if (stochastic)
-      encode_rows<BITS, true>(x, r0, r1, f, width, k0, k1, wire);
+      encode_rows<BITS, true>(x, r0, r1, f, width, compact, k0, k1, wire);
     else
-      encode_rows<BITS, false>(x, r0, r1, f, width, k0, k1, wire);
+      encode_rows<BITS, false>(x, r0, r1, f, width, compact, k0, k1, wire);
   });
 }
 
 }  // namespace
 
-// rows: float32 [R, F] (made contiguous); returns uint8 [R, 8 + ceil(F * bits / 8)].
-torch::Tensor quantize(const torch::Tensor& rows, int64_t bits, bool stochastic, int64_t k0, int64_t k1) {
+// rows: float32 [R, F] (made contiguous); returns uint8 [R, H + ceil(F * bits / 8)], H = 8, or 4
+// with the compact header.
+torch::Tensor quantize(const torch::Tensor& rows, int64_t bits, bool stochastic, int64_t k0, int64_t k1,
+                       bool compact) {
   TORCH_CHECK_VALUE(bits == 1 || bits == 2 || bits == 4 || bits == 8, "quantize: bits must be 1, 2, 4 or 8, got ",
                     bits);
   TORCH_CHECK_VALUE(rows.dim() == 2, "quantize: rows must be 2-D, got ", rows.dim(), "-D");
@@ -255,7 +312,7 @@ torch::Tensor quantize(const torch::Tensor& rows, int64_t bits, bool stochastic,
   TORCH_CHECK_VALUE(rows.device().is_cpu(), "quantize: rows must be on the CPU");
   const auto x = rows.contiguous();
   const int64_t n = x.size(0), f = x.size(1);
-  const int64_t width = kHeader + (f * bits + 7) / 8;
+  const int64_t width = (compact ? kCompactHeader : kHeader) + (f * bits + 7) / 8;
   auto wire = torch::empty({n, width}, x.options().dtype(at::kByte));
   if (n == 0) return wire;
   if (f == 0) return wire.zero_();
@@ -264,19 +321,19 @@ torch::Tensor quantize(const torch::Tensor& rows, int64_t bits, bool stochastic,
   const float* xp = x.data_ptr<float>();
   uint8_t* wp = wire.data_ptr<uint8_t>();
   switch (bits) {
-    case 1: encode_dispatch<1>(xp, n, f, width, stochastic, u0, u1, wp); break;
-    case 2: encode_dispatch<2>(xp, n, f, width, stochastic, u0, u1, wp); break;
-    case 4: encode_dispatch<4>(xp, n, f, width, stochastic, u0, u1, wp); break;
-    default: encode_dispatch<8>(xp, n, f, width, stochastic, u0, u1, wp); break;
+    case 1: encode_dispatch<1>(xp, n, f, width, compact, stochastic, u0, u1, wp); break;
+    case 2: encode_dispatch<2>(xp, n, f, width, compact, stochastic, u0, u1, wp); break;
+    case 4: encode_dispatch<4>(xp, n, f, width, compact, stochastic, u0, u1, wp); break;
+    default: encode_dispatch<8>(xp, n, f, width, compact, stochastic, u0, u1, wp); break;
   }
   return wire;
 }
 
-// wire: uint8 [R, 8 + ceil(F * bits / 8)]; returns float32 [R, F].
-torch::Tensor dequantize(const torch::Tensor& wire, int64_t bits, int64_t f) {
+// wire: uint8 [R, H + ceil(F * bits / 8)]; returns float32 [R, F].
+torch::Tensor dequantize(const torch::Tensor& wire, int64_t bits, int64_t f, bool compact) {
   TORCH_CHECK_VALUE(bits == 1 || bits == 2 || bits == 4 || bits == 8, "dequantize: bits must be 1, 2, 4 or 8, got ",
                     bits);
-  const int64_t width = kHeader + (f * bits + 7) / 8;
+  const int64_t width = (compact ? kCompactHeader : kHeader) + (f * bits + 7) / 8;
   TORCH_CHECK_VALUE(wire.dim() == 2 && wire.scalar_type() == at::kByte && wire.size(1) == width,
                     "dequantize: expected uint8 wire rows of ", width, " bytes (", f, " features at ", bits,
                     " bits), got ", wire.sizes(), " ", wire.scalar_type());
@@ -289,16 +346,19 @@ torch::Tensor dequantize(const torch::Tensor& wire, int64_t bits, int64_t f) {
   float* op = out.data_ptr<float>();
   over_rows(n, f, [&](int64_t r0, int64_t r1) {
     switch (bits) {
-      case 1: decode_rows<1>(wp, r0, r1, f, width, op); break;
-      case 2: decode_rows<2>(wp, r0, r1, f, width, op); break;
-      case 4: decode_rows<4>(wp, r0, r1, f, width, op); break;
-      default: decode_rows<8>(wp, r0, r1, f, width, op); break;
+      case 1: decode_rows<1>(wp, r0, r1, f, width, compact, op); break;
+      case 2: decode_rows<2>(wp, r0, r1, f, width, compact, op); break;
+      case 4: decode_rows<4>(wp, r0, r1, f, width, compact, op); break;
+      default: decode_rows<8>(wp, r0, r1, f, width, compact, op); break;
     }
   });
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quantize", &quantize, "per-row min-max quantization into wire rows (rows, bits, stochastic, k0, k1)");
-  m.def("dequantize", &dequantize, "wire rows back to float32 rows (wire, bits, num_features)");
+  m.def("quantize", &quantize, "per-row min-max quantization into wire rows", pybind11::arg("rows"),
+        pybind11::arg("bits"), pybind11::arg("stochastic"), pybind11::arg("k0"), pybind11::arg("k1"),
+        pybind11::arg("compact") = false);
+  m.def("dequantize", &dequantize, "wire rows back to float32 rows", pybind11::arg("wire"), pybind11::arg("bits"),
+        pybind11::arg("num_features"), pybind11::arg("compact") = false);
 }

@@ -29,6 +29,24 @@ _LEVELS_HELP = ("in-degree percentiles where the boundary nodes' importance leve
                 "fewer wide rows (default: quartiles 25,50,75)")
 
 
+def _codec_name(text: str) -> str:
+    r"""A codec name :func:`~lightning_fullgraph.engine.codecs.codec_from_name` accepts."""
+    from .engine.codecs.registry import codec_from_name
+    try:
+        codec_from_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip().lower()
+
+
+def _fixed_width_codec_name(text: str) -> str:
+    name = _codec_name(text)
+    if name.startswith("adaptive"):
+        raise argparse.ArgumentTypeError("the planner predicts fixed-width codecs only: per-node "
+                                         f"widths ({name!r}) are not predicted yet")
+    return name
+
+
 def _percentiles(text: str):
     r"""``"50,80,95"`` (percent) or ``"0.5,0.8,0.95"`` -> validated fractions."""
     from .partition.local import check_level_percentiles
@@ -130,14 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how cut edges of GCN/SAGE/GIN-like layers cross the wire: 'post' "
                         "sends source rows, 'pre' partial aggregates, 'hybrid' the smaller "
                         "mix per rank pair (default; all three are exact)")
-    t.add_argument("--codec", default="fp32",
-                   choices=["fp32", "bf16", "int8", "int4", "int2", "int1", "int2-nearest",
-                            "adaptive", "adaptive2"],
+    t.add_argument("--codec", default="fp32", type=_codec_name,
+                   metavar="{fp32,bf16,int8,int4,int2,int1,adaptive,adaptive2}[-nearest][-compact]",
                    help="wire format of halo rows and gradients (default fp32: exact; the "
                         "others are lossy: rows quantized per row with scale and zero point "
-                        "on the wire, stochastic rounding unless '-nearest'; 'adaptive': "
-                        "per-node widths 1-8 by global in-degree quartile, or --level-percentiles; "
-                        "'adaptive2': the same with at least 2 bits)")
+                        "on the wire, stochastic rounding unless '-nearest'; '-compact': a "
+                        "4-byte bfloat16 header instead of 8 bytes, for narrow rows; "
+                        "'adaptive': per-node widths 1-8 by global in-degree quartile, or "
+                        "--level-percentiles; 'adaptive2': the same with at least 2 bits)")
     t.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
                    help=_LEVELS_HELP + "; with --codec adaptive or adaptive2")
     t.add_argument("--adaptive-bits", action="store_true",
@@ -229,9 +247,10 @@ def _add_plan_parser(sub) -> None:
     q.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw bytes, time and memory against the part count (needs "
                         "matplotlib: pip install 'lightning-fullgraph[plot]')")
-    q.add_argument("--codec", default="fp32",
-                   choices=["fp32", "bf16", "int8", "int4", "int2", "int1"],
-                   help="wire format of the halo rows whose bytes are predicted (default fp32)")
+    q.add_argument("--codec", default="fp32", type=_fixed_width_codec_name,
+                   metavar="{fp32,bf16,int8,int4,int2,int1}[-nearest][-compact]",
+                   help="wire format of the halo rows whose bytes are predicted (default fp32; "
+                        "'-compact': the 4-byte header)")
     q.add_argument("--json", action="store_true", help="print only JSON on stdout")
     q.add_argument("--cache-dir", default=None, help="partition cache root")
     q.add_argument("--seed", type=int, default=0, help="METIS seed")

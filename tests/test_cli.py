@@ -105,6 +105,19 @@ def test_level_percentiles_are_checked_and_need_the_adaptive_codec(capsys):
     assert _percentiles("50,80,95") == _percentiles("0.5,0.8,0.95") == (0.5, 0.8, 0.95)
 
 
+def test_codec_names_are_checked_and_suffixes_accepted(capsys):
+    from lightning_fullgraph.cli import _codec_name
+    assert _codec_name("INT2-Compact") == "int2-compact"
+    assert _codec_name("int4-nearest-compact") == "int4-nearest-compact"
+    with pytest.raises(SystemExit):
+        main(["train", "--codec", "int3"])
+    err = capsys.readouterr().err
+    assert "unknown codec 'int3'" in err and "-compact" in err
+    with pytest.raises(SystemExit):  # the planner predicts fixed widths only
+        main(["plan", "--codec", "adaptive-compact"])
+    assert "fixed-width" in capsys.readouterr().err
+
+
 def test_adaptive_bits_needs_a_quantized_codec(capsys):
     assert main(["train", "--devices", "1", "--adaptive-bits"]) == 2
     assert "--adaptive-bits" in capsys.readouterr().err

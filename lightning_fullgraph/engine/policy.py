@@ -164,10 +164,12 @@ class ExchangePolicy:
             if codec is None or codec.lossless:
                 return "fp32" if codec is None else type(codec).__name__
             bits = getattr(codec, "bits", None)
+            compact = " with bfloat16 headers" \
+                if getattr(codec, "header", "float32") == "bfloat16" else ""
             if getattr(codec, "per_node", False):
-                return f"adaptive (per-node widths, base {bits} bits)"
+                return f"adaptive (per-node widths, base {bits} bits{compact})"
             if bits is not None:
-                return f"int{bits}"
+                return f"int{bits}" + ("-compact" if compact else "")
             return "bf16" if type(codec).__name__ == "BFloat16Codec" else type(codec).__name__
         forward, backward = (name(self._codecs[d]) for d in DIRECTIONS)
         text = forward if forward == backward else f"forward {forward}, backward {backward}"

@@ -10,7 +10,7 @@ so ``Z + q * S`` is never fused into a multiply-add.
 One program quantizes ``BLOCK_R`` rows: a first loop over feature blocks finds each row's
 min / max / NaN, a second one computes the codes of a ``[BLOCK_R, BLOCK_B, P]`` tile (``P =
 8 / bits`` codes of each of ``BLOCK_B`` bytes) and ORs each byte's codes together (a sum of
-disjoint bit fields).  Bytes are written one by one: a wire row of ``8 + ceil(F b / 8)``
+disjoint bit fields).  Bytes are written one by one: a wire row of ``H + ceil(F b / 8)``
 bytes has no alignment to vectorize on.  Decoding gives each output element its own lane
 (coalesced float stores); the ``P`` lanes of one byte read it each, from cache.
 
@@ -31,7 +31,8 @@ from torch import Tensor
 
 __all__ = ["quantize", "dequantize", "is_available"]
 
-_HEADER = 8
+#: Header bytes per format (the reference's ``HEADERS``).
+_HEADERS = {"float32": 8, "bfloat16": 4}
 
 
 def is_available() -> bool:
@@ -61,6 +62,39 @@ def _store_word(ptr, word, mask):
 
 
 @triton.jit
+def _store_half(ptr, word, mask):
+    # The high 16 bits of a uint32, as two little-endian bytes (a compact header field).
+    tl.store(ptr, ((word >> 16) & 0xFF).to(tl.uint8), mask=mask)
+    tl.store(ptr + 1, ((word >> 24) & 0xFF).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _load_half(ptr, mask):
+    # Two little-endian bytes as the high half of a uint32 (a bfloat16's float32 pattern).
+    b0 = tl.load(ptr, mask=mask, other=0).to(tl.uint32)
+    b1 = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint32)
+    return (b0 << 16) | (b1 << 24)
+
+
+@triton.jit
+def _bf16_down(x):
+    # The largest bfloat16 <= x (see the reference's bf16_down).
+    b = x.to(tl.uint32, bitcast=True)
+    cut = b & 0xFFFF0000
+    more = ((b >> 31) == 1) & ((b & 0xFFFF) != 0) & (x == x)
+    return tl.where(more, cut + 0x10000, cut).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_up(x):
+    # The smallest bfloat16 >= x, for x >= 0.
+    b = x.to(tl.uint32, bitcast=True)
+    cut = b & 0xFFFF0000
+    more = ((b & 0xFFFF) != 0) & (x == x)
+    return tl.where(more, cut + 0x10000, cut).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _load_word(ptr, mask):
     b0 = tl.load(ptr, mask=mask, other=0).to(tl.uint32)
     b1 = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint32)
@@ -71,7 +105,8 @@ def _load_word(ptr, mask):
 
 @triton.jit(do_not_specialize=["k0", "k1"])
 def _encode_kernel(x_ptr, wire_ptr, R, F, W, k0, k1, BITS: tl.constexpr, STOCH: tl.constexpr,
-                   BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr):
+                   HEAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr):
+    COMPACT: tl.constexpr = HEAD == 4
     PER: tl.constexpr = 8 // BITS
     BLOCK_F: tl.constexpr = BLOCK_B * PER
     LEVELS: tl.constexpr = (1 << BITS) - 1
@@ -96,23 +131,34 @@ def _encode_kernel(x_ptr, wire_ptr, R, F, W, k0, k1, BITS: tl.constexpr, STOCH: 
     top = hi + 0.0
     span = top - zero
     bad = (nan != 0) | ~(tl.abs(span) < float("inf"))
+    if COMPACT:  # the grid starts at the bfloat16 below the minimum
+        zero = _bf16_down(zero)
+        span = top - zero
+        bad = bad | ~(tl.abs(span) < float("inf"))
     scale = tl.math.div_rn(span, tl.full([BLOCK_R], LEVELS, tl.float32))
     scale = tl.where(scale < 1.1754943508222875e-38, 0.0, scale)  # below 2^-126: constant
+    if COMPACT:
+        scale = _bf16_up(scale)
+        bad = bad | ~(scale < float("inf"))
     pos = scale > 0.0
     inv = tl.math.div_rn(tl.full([BLOCK_R], 1.0, tl.float32), tl.where(pos, scale, 1.0))
     inv = tl.where(pos & ~bad, inv, 0.0)
     zero_c = tl.where(bad, 0.0, zero)
     zbits = tl.where(bad, 0x7FC00000, zero.to(tl.uint32, bitcast=True))
     sbits = tl.where(bad, 0x7FC00000, scale.to(tl.uint32, bitcast=True))
-    _store_word(wrow, zbits, rmask)
-    _store_word(wrow + 4, sbits, rmask)
+    if COMPACT:
+        _store_half(wrow, zbits, rmask)
+        _store_half(wrow + 2, sbits, rmask)
+    else:
+        _store_word(wrow, zbits, rmask)
+        _store_word(wrow + 4, sbits, rmask)
 
     # Pass 2: codes, BLOCK_B bytes of PER codes at a time.
     row_key = _fmix32(rows.to(tl.uint32) * 0x9E3779B9 + k0.to(tl.uint32, bitcast=True))
     row_key = row_key ^ k1.to(tl.uint32, bitcast=True)
     kb = tl.arange(0, BLOCK_B)
     ii = tl.arange(0, PER)
-    nbytes = W - 8
+    nbytes = W - HEAD
     for b0 in range(0, nbytes, BLOCK_B):
         byte_idx = b0 + kb
         cols = (byte_idx[:, None] * PER + ii[None, :])[None, :, :]
@@ -131,12 +177,12 @@ def _encode_kernel(x_ptr, wire_ptr, R, F, W, k0, k1, BITS: tl.constexpr, STOCH: 
         q = tl.minimum(q, LEVELS)
         packed = tl.sum(q << (ii * BITS)[None, None, :], axis=2)
         bm = rmask[:, None] & (byte_idx < nbytes)[None, :]
-        tl.store(wrow[:, None] + 8 + byte_idx[None, :], packed.to(tl.uint8), mask=bm)
+        tl.store(wrow[:, None] + HEAD + byte_idx[None, :], packed.to(tl.uint8), mask=bm)
 
 
 @triton.jit
-def _decode_kernel(wire_ptr, out_ptr, R, F, W, BITS: tl.constexpr, BLOCK_R: tl.constexpr,
-                   BLOCK_F: tl.constexpr):
+def _decode_kernel(wire_ptr, out_ptr, R, F, W, BITS: tl.constexpr, HEAD: tl.constexpr,
+                   BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
     PER: tl.constexpr = 8 // BITS
     LEVELS: tl.constexpr = (1 << BITS) - 1
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -144,14 +190,18 @@ def _decode_kernel(wire_ptr, out_ptr, R, F, W, BITS: tl.constexpr, BLOCK_R: tl.c
     rows64 = rows.to(tl.int64)
     wrow = wire_ptr + rows64 * W
     orow = out_ptr + rows64 * F
-    zero = _load_word(wrow, rmask).to(tl.float32, bitcast=True)
-    scale = _load_word(wrow + 4, rmask).to(tl.float32, bitcast=True)
+    if HEAD == 4:  # the compact header
+        zero = _load_half(wrow, rmask).to(tl.float32, bitcast=True)
+        scale = _load_half(wrow + 2, rmask).to(tl.float32, bitcast=True)
+    else:
+        zero = _load_word(wrow, rmask).to(tl.float32, bitcast=True)
+        scale = _load_word(wrow + 4, rmask).to(tl.float32, bitcast=True)
     for c0 in range(0, F, BLOCK_F):
         # One lane per output element (coalesced stores); the PER lanes that share a byte
         # load it each, from cache.
         cols = c0 + tl.arange(0, BLOCK_F)
         m = rmask[:, None] & (cols < F)[None, :]
-        byte = tl.load(wrow[:, None] + 8 + (cols // PER)[None, :], mask=m, other=0)
+        byte = tl.load(wrow[:, None] + HEAD + (cols // PER)[None, :], mask=m, other=0)
         q = (byte.to(tl.int32) >> ((cols % PER) * BITS)[None, :]) & LEVELS
         prod = q.to(tl.float32) * scale[:, None]
         val = prod + zero[:, None]  # no FMA: launched with enable_fp_fusion=False
@@ -177,7 +227,14 @@ def _signed32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int]) -> Tensor:
+def _header_bytes(header: str) -> int:
+    if header not in _HEADERS:
+        raise ValueError(f"header must be one of {tuple(_HEADERS)}, got {header!r}")
+    return _HEADERS[header]
+
+
+def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int],
+             header: str = "float32") -> Tensor:
     r"""Encodes float32 rows into wire rows (see the reference,
     :func:`lightning_fullgraph.engine.codecs.quantize.quantize`).
 
@@ -186,18 +243,20 @@ def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int]) ->
         bits (int): Code width: 1, 2, 4 or 8.
         stochastic (bool): Stochastic rounding (else nearest).
         key (Tuple[int, int]): The stream key :math:`(k_0, k_1)`.
+        header (str): ``"float32"`` (8 bytes) or the compact ``"bfloat16"`` (4).
 
     Shapes:
         - **rows:** :math:`[R, F]`
-        - **output:** :math:`[R, 8 + \lceil F b / 8 \rceil]` uint8
+        - **output:** :math:`[R, H + \lceil F b / 8 \rceil]` uint8, :math:`H` the header
     """
     if bits not in (1, 2, 4, 8):
         raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
     if rows.dim() != 2 or rows.dtype != torch.float32:
         raise ValueError(f"expected 2-D float32 rows, got {tuple(rows.shape)} {rows.dtype}")
+    head = _header_bytes(header)
     x = rows.contiguous()
     n, f = x.shape
-    width = _HEADER + (f * bits + 7) // 8
+    width = head + (f * bits + 7) // 8
     wire = torch.empty(n, width, dtype=torch.uint8, device=x.device)
     if n == 0:
         return wire
@@ -206,22 +265,24 @@ def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int]) ->
     block_r, block_b = _blocks(f, bits)
     grid = (triton.cdiv(n, block_r), )
     _encode_kernel[grid](x, wire, n, f, width, _signed32(key[0]), _signed32(key[1]),
-                         BITS=bits, STOCH=bool(stochastic), BLOCK_R=block_r, BLOCK_B=block_b,
+                         BITS=bits, STOCH=bool(stochastic), HEAD=head,
+                         BLOCK_R=block_r, BLOCK_B=block_b,
                          enable_fp_fusion=False, num_warps=_NUM_WARPS)
     return wire
 
 
-def dequantize(wire: Tensor, bits: int, num_features: int) -> Tensor:
+def dequantize(wire: Tensor, bits: int, num_features: int, header: str = "float32") -> Tensor:
     r"""Decodes wire rows into float32 rows (see the reference,
     :func:`lightning_fullgraph.engine.codecs.quantize.dequantize`).
 
     Shapes:
-        - **wire:** :math:`[R, 8 + \lceil F b / 8 \rceil]` uint8
+        - **wire:** :math:`[R, H + \lceil F b / 8 \rceil]` uint8
         - **output:** :math:`[R, F]` float32
     """
     if bits not in (1, 2, 4, 8):
         raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
-    width = _HEADER + (num_features * bits + 7) // 8
+    head = _header_bytes(header)
+    width = head + (num_features * bits + 7) // 8
     if wire.dim() != 2 or wire.dtype != torch.uint8 or wire.size(1) != width:
         raise ValueError(f"expected uint8 wire rows of {width} bytes ({num_features} features "
                          f"at {bits} bits), got {tuple(wire.shape)} {wire.dtype}")
@@ -232,7 +293,8 @@ def dequantize(wire: Tensor, bits: int, num_features: int) -> Tensor:
         return out
     block_r, block_b = _blocks(num_features, bits)
     grid = (triton.cdiv(n, block_r), )
-    _decode_kernel[grid](w, out, n, num_features, width, BITS=bits, BLOCK_R=block_r,
+    _decode_kernel[grid](w, out, n, num_features, width, BITS=bits, HEAD=head,
+                         BLOCK_R=block_r,
                          BLOCK_F=block_b * (8 // bits), enable_fp_fusion=False,
                          num_warps=_NUM_WARPS)
     return out

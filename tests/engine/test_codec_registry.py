@@ -20,11 +20,20 @@ def test_names_resolve_to_codecs():
     assert floor2.per_node and floor2.bits == 2
     assert floor2.row_bits(torch.tensor([0, 1, 2, 3])).tolist() == [2, 2, 4, 8]
     assert codec_from_name("adaptive2-nearest").rounding == "nearest"
+    compact = codec_from_name("int2-compact")
+    assert compact.bits == 2 and compact.header == "bfloat16" and compact.rounding == "stochastic"
+    assert codec_from_name("int2").header == "float32"
+    for name in ("int4-nearest-compact", "int4-compact-nearest"):  # suffixes in any order
+        both = codec_from_name(name)
+        assert both.rounding == "nearest" and both.header == "bfloat16" and both.bits == 4
+    assert codec_from_name("adaptive2-compact").header == "bfloat16"
+    assert ExchangePolicy.of("int2-compact").describe() == "int2-compact"
     assert set(CODEC_NAMES) >= {"fp32", "bf16", "int8", "int4", "int2", "int1", "adaptive"}
 
 
 @pytest.mark.parametrize("name", ["int3", "fp16", "int2-up", "bf16-nearest", "adaptive3",
-                                  "adaptive2-up"])
+                                  "adaptive2-up", "int2-compact-compact", "int2-nearest-stochastic",
+                                  "fp32-compact", "bf16-compact"])
 def test_unknown_names_list_the_known_ones(name):
     with pytest.raises(ValueError, match="expected one of fp32, bf16"):
         codec_from_name(name)

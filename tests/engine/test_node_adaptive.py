@@ -43,6 +43,22 @@ def test_stream_round_trip_matches_each_width():
     assert ((out - rows).abs().max(1).values.double() <= bound * (1 + 1e-5) + 1e-6).all()
 
 
+def test_compact_headers_take_four_bytes_per_row_and_decode_each_width():
+    from lightning_fullgraph.engine.codecs import WireContext
+    from lightning_fullgraph.engine.codecs.quantize import dequantize, quantize, stream_key
+    torch.manual_seed(1)
+    rows, levels = torch.randn(30, F) + 50, torch.randint(-1, 4, (30, ))
+    codec = NodeAdaptiveCodec(bits=1, rounding="nearest", header="bfloat16")
+    assert codec.row_bytes(levels, F).tolist() == [
+        4 + (F * b + 7) // 8 for b in codec.row_bits(levels).tolist()]
+    ctx = WireContext("x", "forward", 3, 0, F, torch.float32)
+    out = codec.decode_rows(codec.encode_rows(rows, levels, ctx), levels, ctx)
+    for b in (1, 2, 4, 8):  # each width decodes as the plain compact codec's rows
+        index = (codec.row_bits(levels) == b).nonzero().flatten()
+        alone = quantize(rows[index], b, False, stream_key(ctx), "bfloat16")
+        assert torch.equal(out[index], dequantize(alone, b, F, "bfloat16"))
+
+
 def _exchange(rank, world_size, base_bits):
     data = skewed_graph(num_nodes=200, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)

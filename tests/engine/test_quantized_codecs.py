@@ -3,6 +3,7 @@ unbiasedness, special rows, reproducibility, the three implementations (C++, pur
 Triton) agreeing bit for bit, and a 2-rank halo exchange decoding from the wire alone.
 """
 import dataclasses
+import itertools
 import math
 import os
 import subprocess
@@ -26,6 +27,7 @@ CTX = WireContext("conv1.propagate0.x", "forward", step=4, rank=1, num_features=
                   dtype=torch.float32, seed=11)
 BITS = (1, 2, 4, 8)
 ODD_WIDTHS = (1, 3, 5, 7, 13)
+HEADERS = ("float32", "bfloat16")
 
 
 def ctx_for(f, **kw):
@@ -90,14 +92,15 @@ def triton_q():
 
 # -- wire format -----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("header", HEADERS)
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("f", ODD_WIDTHS + (8, 16, 128, 602))
-def test_wire_bytes_are_exact(bits, f):
-    codec = QuantizedCodec(bits)
-    width = 8 + math.ceil(f * bits / 8)
+def test_wire_bytes_are_exact(bits, f, header):
+    codec = QuantizedCodec(bits, header=header)
+    width = (8 if header == "float32" else 4) + math.ceil(f * bits / 8)
     wire = codec.encode(torch.randn(6, f), ctx_for(f))
     assert wire.dtype == torch.uint8 and wire.shape == (6, width)
-    assert Q.wire_width(f, bits) == width
+    assert Q.wire_width(f, bits, header) == width
     assert codec.wire_bytes(100, f, torch.float32) == 100 * width
     assert codec.wire_bytes(100, f, torch.float64) == 100 * width  # independent of dtype
     assert Codec.wire_bytes(codec, 7, f, torch.float32) == 7 * width  # the base's probe agrees
@@ -115,6 +118,59 @@ def test_wire_layout_header_then_codes_low_bits_first():
     one = QuantizedCodec(1, "nearest").encode(torch.tensor([[0., 1., 1., 0., 1., 0., 0., 0., 1.]]),
                                               ctx_for(9))
     assert one[0, 8:].tolist() == [0b00010110, 0b1]
+
+
+def test_compact_header_is_two_bfloat16_then_the_codes():
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0, 2.0]])  # bfloat16 values: the same grid as above
+    wire = QuantizedCodec(2, "nearest", header="bfloat16").encode(x, ctx_for(5))
+    assert wire.shape == (1, 4 + 2)
+    assert wire[0, :2].view(torch.bfloat16).item() == 1.0  # zero point
+    assert wire[0, 2:4].view(torch.bfloat16).item() == 1.0  # scale
+    assert wire[0, 4].item() == 0 | 1 << 2 | 2 << 4 | 3 << 6 and wire[0, 5].item() == 1
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_compact_header_rounds_outwards_and_the_grid_covers_the_row(bits):
+    g = torch.Generator().manual_seed(bits)
+    # Rows far from zero (|Z| >> range) are where a bfloat16 cast would lose values.
+    x = torch.randn(400, 29, generator=g) * torch.logspace(-4, 4, 400).unsqueeze(1) \
+        + torch.randn(400, 1, generator=g) * torch.logspace(-3, 6, 400).unsqueeze(1)
+    levels = 2**bits - 1
+    codec = QuantizedCodec(bits, "nearest", header="bfloat16")
+    wire = codec.encode(x, ctx_for(29))
+    zero, scale = Q.read_header(wire, "bfloat16")
+    assert torch.equal(zero, zero.bfloat16().float()) and torch.equal(scale, scale.bfloat16().float())
+    lo, hi = x.amin(1), x.amax(1)
+    assert bool((zero <= lo).all()) and bool((lo - zero <= lo.abs() * 2.0**-7).all())
+    top = zero.double() + levels * scale.double()  # the grid's last point
+    assert bool((top >= hi.double() * (1 - 1e-6 * hi.double().sign())).all())
+    # The step widens by at most the zero point's rounding over L, plus bfloat16's own.
+    exact = (hi - lo).double() / levels
+    widened = (exact + (lo - zero).double() / levels) * (1 + 2.0**-7)
+    assert bool((scale.double() <= widened * (1 + 1e-6)).all())
+    back = codec.decode(wire, ctx_for(29))
+    slack = 1e-6 * x.abs().amax(1, keepdim=True)
+    assert bool(((back - x).abs() <= scale.unsqueeze(1) / 2 + slack).all())
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_compact_header_special_rows(bits):
+    x = torch.zeros(7, 5)
+    x[1] = -0.0
+    x[2] = 2.5  # a bfloat16: exact
+    x[3] = 1.001  # not a bfloat16: decodes within the (tiny) step
+    x[4, 2] = float("nan")
+    x[5] = torch.tensor([-3.3999e38, 0.0, 1.0, 2.0, 3.0])  # rounding down overflows to -inf
+    x[6] = torch.tensor([1.0, 1.0, 2.0, 2.0, 1.5])
+    codec = QuantizedCodec(bits, header="bfloat16")
+    back = codec.decode(codec.encode(x, ctx_for(5)), ctx_for(5))
+    assert torch.equal(back[:3], x[:3]) and not back[1].signbit().any()
+    assert bool(((back[3] - x[3]).abs() <= 1.001 * 2.0**-7).all())
+    assert back[4].isnan().all() and back[5].isnan().all()
+    wire = codec.encode(x, ctx_for(5))
+    assert (wire[[4, 5], :4].contiguous().view(torch.int16) == 0x7FC0).all()
+    assert (wire[[4, 5], 4:] == 0).all()
+    assert torch.isfinite(back[6]).all()
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -295,31 +351,32 @@ def test_decode_uses_only_the_wire_rows():
 # -- the implementations agree bit for bit -------------------------------------------------------
 
 def _agree(a_enc, a_dec, b_enc, b_dec, device="cpu", rows=40,
-           widths=(1, 3, 5, 7, 13, 64, 130, 300, 1100)):
+           widths=(1, 3, 5, 7, 13, 64, 130, 300, 1100), headers=HEADERS):
     # Widths past one C++ chunk (256 features) and one Triton block (1024) too.
     for f in widths:
         x = mixed_rows(f, seed=f, n=rows)
-        for bits in BITS:
-            for stochastic in (True, False):
-                key = Q.stream_key(ctx_for(f))
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)  # numpy on NaN rows
-                    wa = a_enc(x, bits, stochastic, key)
-                    wb = b_enc(x.to(device), bits, stochastic, key).cpu()
-                    assert torch.equal(wa, wb), (f, bits, stochastic)
-                    da = a_dec(wa, bits, f)
-                    db = b_dec(wa.to(device), bits, f).cpu()
-                if device == "cpu":
-                    assert same_bits(da, db), (f, bits, stochastic)
-                else:  # a GPU may write another NaN pattern
-                    assert torch.equal(da.isnan(), db.isnan())
-                    fin = ~da.isnan()
-                    assert same_bits(da[fin], db[fin]), (f, bits, stochastic)
+        for bits, stochastic, header in itertools.product(BITS, (True, False), headers):
+            key = Q.stream_key(ctx_for(f))
+            case = (f, bits, stochastic, header)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # numpy on NaN rows
+                wa = a_enc(x, bits, stochastic, key, header)
+                wb = b_enc(x.to(device), bits, stochastic, key, header).cpu()
+                assert torch.equal(wa, wb), case
+                da = a_dec(wa, bits, f, header)
+                db = b_dec(wa.to(device), bits, f, header).cpu()
+            if device == "cpu":
+                assert same_bits(da, db), case
+            else:  # a GPU may write another NaN pattern
+                assert torch.equal(da.isnan(), db.isnan())
+                fin = ~da.isnan()
+                assert same_bits(da[fin], db[fin]), case
 
 
 def test_cpp_equals_reference_bit_for_bit(cpp_ext):
     _agree(Q.quantize, Q.dequantize,
-           lambda x, b, s, k: cpp_ext.quantize(x, b, s, k[0], k[1]), cpp_ext.dequantize)
+           lambda x, b, s, k, h: cpp_ext.quantize(x, b, s, k[0], k[1], h == "bfloat16"),
+           lambda w, b, f, h: cpp_ext.dequantize(w, b, f, h == "bfloat16"))
 
 
 def test_cpp_equals_reference_on_many_threads_and_large_inputs(cpp_ext):
@@ -328,10 +385,12 @@ def test_cpp_equals_reference_on_many_threads_and_large_inputs(cpp_ext):
     prev = torch.get_num_threads()
     try:
         torch.set_num_threads(max(2, prev))
-        for bits in BITS:
-            wire = cpp_ext.quantize(x, bits, True, *key)
-            assert torch.equal(wire, Q.quantize(x, bits, True, key))
-            assert same_bits(cpp_ext.dequantize(wire, bits, 100), Q.dequantize(wire, bits, 100))
+        for bits, compact in itertools.product(BITS, (False, True)):
+            header = "bfloat16" if compact else "float32"
+            wire = cpp_ext.quantize(x, bits, True, *key, compact)
+            assert torch.equal(wire, Q.quantize(x, bits, True, key, header))
+            assert same_bits(cpp_ext.dequantize(wire, bits, 100, compact),
+                             Q.dequantize(wire, bits, 100, header))
     finally:
         torch.set_num_threads(prev)
 
@@ -352,6 +411,14 @@ def test_codec_backends_give_the_same_wire(cpp_ext, triton_q):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         wires = [QuantizedCodec(2, backend=b).encode(x, ctx) for b in ("auto", "cpp", "torch")]
+        # Triton on CPU tensors: the interpreter (with CUDA it gets CUDA tensors below).
+        cpu = ("auto", "cpp", "torch") + (() if torch.cuda.is_available() else ("triton", ))
+        compact = [QuantizedCodec(2, backend=b, header="bfloat16").encode(x, ctx) for b in cpu]
+        if torch.cuda.is_available():
+            compact.append(QuantizedCodec(2, header="bfloat16").encode(x.cuda(), ctx).cpu())
+    assert all(torch.equal(w, compact[0]) for w in compact) and compact[0].size(1) == 4 + 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         if torch.cuda.is_available():  # CUDA tensors: Triton
             gpu = QuantizedCodec(2).encode(x.cuda(), ctx)
             wires.append(gpu.cpu())
@@ -442,6 +509,8 @@ def test_invalid_arguments():
         QuantizedCodec(2, "up")
     with pytest.raises(ValueError, match="backend"):
         QuantizedCodec(2, backend="cuda")
+    with pytest.raises(ValueError, match="header"):
+        QuantizedCodec(2, header="float16")
     codec = QuantizedCodec(2)
     with pytest.raises(ValueError, match="10 bytes"):
         codec.decode(torch.zeros(3, 9, dtype=torch.uint8), ctx_for(5))
@@ -463,7 +532,7 @@ def _block(counts, dst):
     return slice(start, start + int(counts[dst]))
 
 
-def _quantized_exchange_job(rank, world_size):
+def _quantized_exchange_job(rank, world_size, header="float32"):
     from lightning_fullgraph.partition import build_local_partitions, metis_partition
 
     from .models import skewed_graph
@@ -474,9 +543,10 @@ def _quantized_exchange_job(rank, world_size):
     own = parts[rank].owned_ids
     g = torch.Generator().manual_seed(1)
     X = torch.randn(n, F_IN, generator=g) * torch.logspace(-2, 2, n).unsqueeze(1)
-    ref = QuantizedCodec(2, backend="torch")  # what the sender (C++ there) must have sent
+    # What the sender (C++ there) must have sent.
+    ref = QuantizedCodec(2, backend="torch", header=header)
 
-    ex = HaloExchange(post[rank], Transport(), QuantizedCodec(2), seed=SEED)
+    ex = HaloExchange(post[rank], Transport(), QuantizedCodec(2, header=header), seed=SEED)
     ex.step = STEP
     x = X[own].clone().requires_grad_()
     ext = ex.extend(x, key="q.x")
@@ -489,8 +559,11 @@ def _quantized_exchange_job(rank, world_size):
     halo = ext[len(own):].detach()
     out = dict(num_halo=post[rank].num_halo, halo_exact=torch.equal(halo, torch.cat(expect)))
     true = X[post[rank].halo_ids]
-    out["within_step"] = bool(((halo - true).abs() <= (true.amax(1, keepdim=True) - true.amin(
-        1, keepdim=True)) / 3 * (1 + 1e-5)).all())
+    # The step: the row's range over 3 (the compact header widens it by its rounding).
+    step = (true.amax(1, keepdim=True) - true.amin(1, keepdim=True)) / 3
+    if header == "bfloat16":
+        step = (step + true.amin(1, keepdim=True).abs() * 2.0**-7 / 3) * (1 + 2.0**-7)
+    out["within_step"] = bool(((halo - true).abs() <= step * (1 + 1e-5)).all())
 
     # Backward: halo gradients quantized by this rank, decoded by their owners.
     w = {r: torch.randn(parts[r].num_owned + post[r].num_halo, F_IN,
@@ -510,11 +583,12 @@ def _quantized_exchange_job(rank, world_size):
 
 
 @pytest.mark.multiprocess
-def test_two_ranks_receive_exactly_what_the_sender_encoded():
-    job = run_distributed(_quantized_exchange_job, 2, timeout_s=90)
+@pytest.mark.parametrize("header", HEADERS)
+def test_two_ranks_receive_exactly_what_the_sender_encoded(header):
+    job = run_distributed(_quantized_exchange_job, 2, header, timeout_s=90)
     assert sum(r["num_halo"] for r in job) > 0
     for rank, r in enumerate(job):
         assert r["halo_exact"] and r["within_step"], rank
         assert r["grad_err"] < 1e-5, (rank, r["grad_err"])
         sent, rows = r["bytes"]
-        assert sent == rows * (8 + math.ceil(F_IN * 2 / 8))
+        assert sent == rows * ((8 if header == "float32" else 4) + math.ceil(F_IN * 2 / 8))

@@ -43,10 +43,11 @@ class NodeAdaptiveCodec(QuantizedCodec):
             (:math:`\min(8, b_t 2^{k_v})`).
         rounding (str): ``"stochastic"`` or ``"nearest"``.
         backend (str): As :class:`~.quantized.QuantizedCodec`.
+        header (str): As :class:`~.quantized.QuantizedCodec` (``"adaptive-compact"``).
 
     Shapes:
         - **encode_rows:** rows :math:`[S, F]`, levels :math:`[S]` -> bytes
-          :math:`[\sum_v 8 + \lceil F b_v / 8 \rceil]` uint8
+          :math:`[\sum_v H + \lceil F b_v / 8 \rceil]` uint8
         - **decode_rows:** bytes, levels :math:`[R]` -> rows :math:`[R, F]`
     """
 
@@ -54,15 +55,16 @@ class NodeAdaptiveCodec(QuantizedCodec):
     per_node = True
 
     def __init__(self, bits: int = 1, combine: str = "max", rounding: str = "stochastic",
-                 backend: str = "auto") -> None:
-        super().__init__(bits, rounding, backend)
+                 backend: str = "auto", header: str = "float32") -> None:
+        super().__init__(bits, rounding, backend, header)
         if combine not in ("max", "scale"):
             raise ValueError(f"NodeAdaptiveCodec: combine must be 'max' or 'scale', got "
                              f"{combine!r}")
         self.combine = combine
 
     def __repr__(self) -> str:
-        return f"NodeAdaptiveCodec(bits={self.bits}, combine={self.combine!r})"
+        extra = "" if self.header == "float32" else f", header={self.header!r}"
+        return f"NodeAdaptiveCodec(bits={self.bits}, combine={self.combine!r}{extra})"
 
     def row_bits(self, levels: Tensor) -> Tensor:
         r"""Bits of every row from its node's level (``-1``, a node never sent, counts as
@@ -76,7 +78,7 @@ class NodeAdaptiveCodec(QuantizedCodec):
     def row_bytes(self, levels: Tensor, num_features: int) -> Tensor:
         r"""Wire bytes of every row."""
         bits = self.row_bits(levels)
-        return ref.HEADER_BYTES + (num_features * bits + 7) // 8
+        return ref.header_bytes(self.header) + (num_features * bits + 7) // 8
 
     def split_bytes(self, levels: Tensor, counts: Sequence[int], num_features: int) -> List[int]:
         r"""Bytes per peer of rows sent (or received) in plan order, :obj:`counts` rows each."""
@@ -117,7 +119,7 @@ class NodeAdaptiveCodec(QuantizedCodec):
         offsets = self._offsets(levels, f)
         out = torch.empty(levels.numel(), f, dtype=torch.float32, device=stream.device)
         for bits, index in self._groups(levels):
-            width = ref.wire_width(f, bits)
+            width = ref.wire_width(f, bits, self.header)
             where = offsets[index].unsqueeze(1) + torch.arange(width, device=stream.device)
             wire = stream[where.reshape(-1)].view(-1, width)
             _, dequantize = self.kernels(stream.device)

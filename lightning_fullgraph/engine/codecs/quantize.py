@@ -2,7 +2,8 @@ r"""Per-row min-max quantization: the wire format, its random numbers, and the p
 reference that the C++ (``csrc/quantize.cpp``) and Triton
 (:mod:`lightning_fullgraph.kernels.triton_quantize`) kernels reproduce bit for bit.
 
-**Wire row** (``uint8``, :math:`W = 8 + \lceil F b / 8 \rceil` bytes, little-endian):
+**Wire row** (``uint8``, :math:`W = H + \lceil F b / 8 \rceil` bytes, little-endian; the
+header takes :math:`H = 8` bytes, or 4 with the compact ``"bfloat16"`` header below):
 
 ======  ===============================================================================
 bytes   content
@@ -15,15 +16,32 @@ bytes   content
 ======  ===============================================================================
 
 The decoded row is :math:`\hat x_j = Z + q_j S`, computed in float32 as a product then a sum
-(two roundings, never a fused multiply-add), then cast to the context's dtype.  The header
-is float32 because the decoder must rebuild exactly the :math:`Z, S` the encoder used, and
-fp16/bf16 would overflow or lose the zero point of large rows.
+(two roundings, never a fused multiply-add), then cast to the context's dtype.  The decoder
+must rebuild exactly the :math:`Z, S` the encoder used, so the header holds the very values
+the codes were computed against.
+
+**Compact header** (``header="bfloat16"``, :math:`H = 4`): bytes 0-1 hold :math:`Z'` and
+bytes 2-3 :math:`S'` as bfloat16 (the high 16 bits of their float32 patterns).  With a narrow
+row the header is most of the wire (7 features at 2 bits: 2 bytes of codes, 8 of header),
+and halving it is worth more than any code width.  A bfloat16 *cast* of :math:`Z, S` would
+not do: a row far from zero would lose values below the rounded zero point, or above
+:math:`Z + L S`.  Instead the encoder rounds **outwards** and then quantizes against the
+rounded values: :math:`Z' = \lfloor Z \rfloor_{bf16}` (the largest bfloat16 :math:`\le Z`),
+:math:`S' = \lceil (\max x - Z') / L \rceil_{bf16}`, so the grid
+:math:`Z' + q S'` still covers the row, every bound below holds with :math:`S'`, and
+:math:`S' \le (S + 2^{-7} |Z| / L)(1 + 2^{-7})`: the zero point's rounding widens the step
+only for rows whose magnitude far exceeds their range, which matters at 8 bits, hardly at 1-4.
+Zero rows, and constant rows whose value is a bfloat16, still decode exactly; other constant
+rows decode to :math:`\lfloor x \rfloor_{bf16}`.  A row whose rounded zero point or scale
+overflows (beyond :math:`\approx 3.39 \cdot 10^{38}`) is sent as non-finite.
 
 **Encoding** of a row :math:`x` (float32; other dtypes are cast first), with
 :math:`L = 2^b - 1`, every step one IEEE float32 operation:
 
 * :math:`Z = \min x + 0`, :math:`S = (\max x + 0 - Z) / L`; :math:`S < 2^{-126}` (a constant
-  row, or a range so small that :math:`1/S` would overflow) becomes :math:`S = 0`;
+  row, or a range so small that :math:`1/S` would overflow) becomes :math:`S = 0`; with the
+  compact header :math:`Z \leftarrow \lfloor Z \rfloor_{bf16}` first, and a non-zero
+  :math:`S \leftarrow \lceil S \rceil_{bf16}` last (directed roundings of the bit pattern);
 * :math:`\mathrm{inv} = 1 / S` (:math:`0` when :math:`S = 0`); :math:`t_j = (x_j - Z)\,
   \mathrm{inv}`; :math:`f_j = t_j - \lfloor t_j \rfloor` (exact);
 * stochastic: :math:`q_j = \lfloor t_j \rfloor + [u_j < f_j]`, so :math:`E[q_j] = t_j` up to
@@ -33,7 +51,8 @@ fp16/bf16 would overflow or lose the zero point of large rows.
 So :math:`|\hat x - x| \le S` (stochastic) or :math:`\le S / 2` (nearest), up to float32
 rounding, and constant rows (zero rows too) decode exactly.  A row holding NaN or
 :math:`\pm\infty`, or whose range overflows float32, is sent as ``Z = S = NaN`` (bits
-``0x7FC00000``) with zero codes: it decodes to a row of NaN instead of silently finite values.
+``0x7FC00000``; ``0x7FC0`` in a compact header) with zero codes: it decodes to a row of NaN
+instead of silently finite values.
 
 **Random numbers** (counter-based, so every implementation computes the same :math:`u_j`
 without sharing generator state): the stream key :math:`(k_0, k_1)` is the low and high 32
@@ -57,8 +76,8 @@ from torch import Tensor
 
 from .base import WireContext
 
-__all__ = ["BITS", "HEADER_BYTES", "ROUNDINGS", "wire_width", "packed_bytes", "stream_key",
-           "uniforms", "quantize", "dequantize", "read_header"]
+__all__ = ["BITS", "HEADER_BYTES", "HEADERS", "ROUNDINGS", "header_bytes", "wire_width",
+           "packed_bytes", "stream_key", "uniforms", "quantize", "dequantize", "read_header"]
 
 #: Supported code widths.
 BITS = (1, 2, 4, 8)
@@ -66,13 +85,15 @@ BITS = (1, 2, 4, 8)
 ROUNDINGS = ("stochastic", "nearest")
 #: Bytes of the per-row header: float32 zero point and float32 scale.
 HEADER_BYTES = 8
+#: Header formats and their bytes: float32 ``(Z, S)``, or the compact bfloat16 one.
+HEADERS = {"float32": 8, "bfloat16": 4}
 
 _M32 = 0xFFFFFFFF
 #: Multipliers of the hash (shared with the C++ and Triton kernels).
 ROW_MUL, COL_MUL, FMIX_1, FMIX_2 = 0x9E3779B9, 0x7FEB352D, 0x85EBCA6B, 0xC2B2AE35
 #: Smallest normal float32: scales below it are treated as zero (1/S would overflow).
 MIN_SCALE = 2.0 ** -126
-#: The NaN written into the header of a non-finite row.
+#: The NaN written into the header of a non-finite row (its high half in a compact header).
 NAN_BITS = 0x7FC00000
 #: Elements per chunk of the reference (bounds its int64 temporaries).
 _CHUNK = 1 << 20
@@ -83,9 +104,16 @@ def packed_bytes(num_features: int, bits: int) -> int:
     return (num_features * bits + 7) // 8
 
 
-def wire_width(num_features: int, bits: int) -> int:
+def header_bytes(header: str = "float32") -> int:
+    r"""Bytes of a row's header in format :obj:`header` (one of :data:`HEADERS`)."""
+    if header not in HEADERS:
+        raise ValueError(f"header must be one of {tuple(HEADERS)}, got {header!r}")
+    return HEADERS[header]
+
+
+def wire_width(num_features: int, bits: int, header: str = "float32") -> int:
     r"""Bytes of one wire row: the header plus the packed codes."""
-    return HEADER_BYTES + packed_bytes(num_features, bits)
+    return header_bytes(header) + packed_bytes(num_features, bits)
 
 
 def stream_key(ctx: WireContext) -> Tuple[int, int]:
@@ -140,7 +168,34 @@ def uniforms(row0: int, num_rows: int, num_features: int, key: Tuple[int, int],
     return (h >> 8).to(torch.float32) * (2.0 ** -24)
 
 
-def _header(rows: Tensor, bits: int):
+def _bits(x: Tensor) -> Tensor:
+    # The float32 pattern as an int64 in [0, 2^32) (no sign extension).
+    return x.view(torch.int32).to(torch.int64) & _M32
+
+
+def _float(b: Tensor) -> Tensor:
+    # An int64 pattern in [0, 2^32) back to float32.
+    return torch.where(b >= 1 << 31, b - (1 << 32), b).to(torch.int32).view(torch.float32)
+
+
+def bf16_down(x: Tensor) -> Tensor:
+    r"""The largest bfloat16 :math:`\le x` (float32 in, float32 out; NaN stays NaN)."""
+    b = _bits(x)
+    cut = b & 0xFFFF0000
+    # Truncating the pattern rounds towards zero: down for x >= 0, up for x < 0, where one
+    # more unit of magnitude rounds down (-inf past the largest bfloat16).
+    neg = (b >> 31) == 1
+    return _float(torch.where(neg & ((b & 0xFFFF) != 0) & ~torch.isnan(x), cut + 0x10000, cut))
+
+
+def bf16_up(x: Tensor) -> Tensor:
+    r"""The smallest bfloat16 :math:`\ge x` for :math:`x \ge 0` (+inf past the largest)."""
+    b = _bits(x)
+    cut = b & 0xFFFF0000
+    return _float(torch.where(((b & 0xFFFF) != 0) & ~torch.isnan(x), cut + 0x10000, cut))
+
+
+def _header(rows: Tensor, bits: int, compact: bool = False):
     r"""Zero points, scales, reciprocals and the non-finite mask of float32 rows."""
     levels = float((1 << bits) - 1)
     # + 0.0 turns a -0.0 minimum into +0.0: implementations that meet -0.0 and +0.0 in a
@@ -149,8 +204,15 @@ def _header(rows: Tensor, bits: int):
     top = rows.amax(1) + 0.0
     span = top - zero  # NaN if the row holds a NaN, inf on overflow or an infinite entry
     bad = ~torch.isfinite(span)
+    if compact:  # the grid starts at the bfloat16 below the minimum (see the module doc)
+        zero = bf16_down(zero)
+        span = top - zero
+        bad = bad | ~torch.isfinite(span)
     scale = span / levels
     scale = torch.where(scale < MIN_SCALE, torch.zeros_like(scale), scale)
+    if compact:
+        scale = bf16_up(scale)
+        bad = bad | ~torch.isfinite(scale)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     inv = torch.where(scale > 0, torch.ones_like(scale) / safe, torch.zeros_like(scale))
     nan = torch.tensor(NAN_BITS, dtype=torch.int32, device=rows.device).view(torch.float32)
@@ -183,7 +245,8 @@ def _unpack(packed: Tensor, bits: int, num_features: int) -> Tensor:
     return codes.reshape(packed.size(0), -1)[:, :num_features]
 
 
-def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int]) -> Tensor:
+def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int],
+             header: str = "float32") -> Tensor:
     r"""Encodes rows into wire rows (the pure-PyTorch reference).
 
     Args:
@@ -191,6 +254,7 @@ def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int]) ->
         bits (int): Code width, one of :data:`BITS`.
         stochastic (bool): Stochastic rounding with :func:`uniforms` (else nearest).
         key (Tuple[int, int]): :func:`stream_key` (unused when not stochastic).
+        header (str): ``"float32"`` (8 bytes) or ``"bfloat16"`` (4, rounded outwards).
 
     Shapes:
         - **rows:** :math:`[R, F]`
@@ -198,16 +262,17 @@ def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int]) ->
     """
     if bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits}")
+    hb = header_bytes(header)
     x = rows.detach().to(torch.float32)
     n, f = x.shape
-    out = torch.zeros(n, wire_width(f, bits), dtype=torch.uint8, device=x.device)
+    out = torch.zeros(n, wire_width(f, bits, header), dtype=torch.uint8, device=x.device)
     if n == 0 or f == 0:
         return out  # F = 0: an all-zero header (Z = S = 0), nothing else
     levels = (1 << bits) - 1
     step = max(1, _CHUNK // f)
     for r0 in range(0, n, step):
         xs = x[r0:r0 + step]
-        zero, inv, bad, head_zero, head_scale = _header(xs, bits)
+        zero, inv, bad, head_zero, head_scale = _header(xs, bits, hb == 4)
         t = (xs - zero.unsqueeze(1)) * inv.unsqueeze(1)
         t = t.masked_fill_(bad.unsqueeze(1), 0.0)  # non-finite rows: zero codes
         low = torch.floor(t)
@@ -217,26 +282,33 @@ def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int]) ->
         else:
             up = frac >= 0.5
         codes = (low + up.to(torch.float32)).clamp_(0, levels).to(torch.uint8)
-        head = torch.stack([head_zero, head_scale], 1).view(torch.uint8)
-        out[r0:r0 + step, :HEADER_BYTES] = head
-        out[r0:r0 + step, HEADER_BYTES:] = _pack(codes, bits)
+        head = torch.stack([head_zero, head_scale], 1)
+        if hb == 4:  # the high halves: exact, both values are bfloat16 (or the NaN)
+            head = (head.view(torch.int32) >> 16).to(torch.int16)
+        out[r0:r0 + step, :hb] = head.view(torch.uint8)
+        out[r0:r0 + step, hb:] = _pack(codes, bits)
     return out
 
 
-def read_header(wire: Tensor) -> Tuple[Tensor, Tensor]:
+def read_header(wire: Tensor, header: str = "float32") -> Tuple[Tensor, Tensor]:
     r"""The float32 zero points and scales of wire rows :math:`[R, W]`."""
+    hb = header_bytes(header)
     # A copy: the header of a row that starts at an odd byte is not aligned for float32.
-    head = wire[:, :HEADER_BYTES].contiguous().view(torch.float32)
+    head = wire[:, :hb].contiguous()
+    if hb == 4:
+        head = head.view(torch.int16).to(torch.int32).bitwise_left_shift(16)
+    head = head.view(torch.float32)
     return head[:, 0], head[:, 1]
 
 
-def dequantize(wire: Tensor, bits: int, num_features: int) -> Tensor:
+def dequantize(wire: Tensor, bits: int, num_features: int, header: str = "float32") -> Tensor:
     r"""Decodes wire rows into float32 rows (the pure-PyTorch reference).
 
     Args:
         wire (torch.Tensor): Wire rows from :func:`quantize` (of any sender).
         bits (int): Code width.
         num_features (int): :math:`F`.
+        header (str): The header format the rows were encoded with.
 
     Shapes:
         - **wire:** :math:`[R, W]` uint8
@@ -244,10 +316,12 @@ def dequantize(wire: Tensor, bits: int, num_features: int) -> Tensor:
     """
     if bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits}")
-    width = wire_width(num_features, bits)
+    hb = header_bytes(header)
+    width = wire_width(num_features, bits, header)
     if wire.dim() != 2 or wire.dtype != torch.uint8 or wire.size(1) != width:
         raise ValueError(f"expected uint8 wire rows of {width} bytes ({num_features} features "
-                         f"at {bits} bits), got {tuple(wire.shape)} {wire.dtype}")
+                         f"at {bits} bits, {header} header), got {tuple(wire.shape)} "
+                         f"{wire.dtype}")
     n = wire.size(0)
     out = torch.empty(n, num_features, dtype=torch.float32, device=wire.device)
     if n == 0 or num_features == 0:
@@ -255,8 +329,8 @@ def dequantize(wire: Tensor, bits: int, num_features: int) -> Tensor:
     step = max(1, _CHUNK // num_features)
     for r0 in range(0, n, step):
         ws = wire[r0:r0 + step]
-        zero, scale = read_header(ws)
-        codes = _unpack(ws[:, HEADER_BYTES:], bits, num_features).to(torch.float32)
+        zero, scale = read_header(ws, header)
+        codes = _unpack(ws[:, hb:], bits, num_features).to(torch.float32)
         # A product, then a sum: the kernels round the same two times (no fused multiply-add).
         out[r0:r0 + step] = codes * scale.unsqueeze(1) + zero.unsqueeze(1)
     return out

@@ -14,8 +14,10 @@ name          codec                                                          exa
 ``adaptive2`` ``NodeAdaptiveCodec(bits=2)``: the same with a 2-bit floor       no
 ============  =============================================================  ===========
 
-A suffix ``-nearest`` (``"int2-nearest"``) rounds to the nearest level instead of
-stochastically.
+Suffixes, in any order: ``-nearest`` (``"int2-nearest"``) rounds to the nearest level
+instead of stochastically; ``-compact`` (``"int2-compact"``, ``"adaptive-compact"``) sends the
+4-byte bfloat16 header instead of the 8-byte float32 one (``header="bfloat16"`` of
+:class:`~.quantized.QuantizedCodec`: fewer bytes for narrow rows).
 """
 from typing import Any, Optional, Tuple
 
@@ -37,23 +39,28 @@ def codec_from_name(name: str) -> Optional[Codec]:
         ValueError: For an unknown name, listing the known ones.
     """
     text = name.strip().lower()
-    base, _, rounding = text.partition("-")
-    if base in _EXACT and not rounding:
+    base, *suffixes = text.split("-")
+    rounding = [x for x in suffixes if x in ("nearest", "stochastic")]
+    compact = [x for x in suffixes if x == "compact"]
+    valid = len(rounding) <= 1 and len(compact) <= 1 \
+        and len(rounding) + len(compact) == len(suffixes)
+    if base in _EXACT and not suffixes:
         return None
-    if base == "bf16" and not rounding:
+    if base == "bf16" and not suffixes:
         from .bfloat16 import BFloat16Codec
         return BFloat16Codec()
-    if base in ("adaptive", "adaptive2") and rounding in ("", "nearest", "stochastic"):
+    options = dict(rounding=rounding[0] if rounding else "stochastic",
+                   header="bfloat16" if compact else "float32")
+    if base in ("adaptive", "adaptive2") and valid:
         from .node_adaptive import NodeAdaptiveCodec
         # The digit is the base width b_t: the floor of every node's width.
-        return NodeAdaptiveCodec(2 if base == "adaptive2" else 1,
-                                 rounding=rounding or "stochastic")
-    if base.startswith("int") and base[3:] in ("1", "2", "4", "8") \
-            and rounding in ("", "nearest", "stochastic"):
+        return NodeAdaptiveCodec(2 if base == "adaptive2" else 1, **options)
+    if base.startswith("int") and base[3:] in ("1", "2", "4", "8") and valid:
         from .quantized import QuantizedCodec
-        return QuantizedCodec(int(base[3:]), rounding=rounding or "stochastic")
+        return QuantizedCodec(int(base[3:]), **options)
     raise ValueError(f"unknown codec {name!r}: expected one of {', '.join(CODEC_NAMES)} "
-                     "(int* also as e.g. 'int2-nearest'), a Codec or an ExchangePolicy")
+                     "(int* and adaptive* also with the suffixes '-nearest' and '-compact', "
+                     "e.g. 'int2-nearest', 'int2-compact'), a Codec or an ExchangePolicy")
 
 
 def wire_bits(codec: Any, dtype_bits: int = 32) -> float:
