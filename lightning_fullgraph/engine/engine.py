@@ -116,7 +116,8 @@ class FullGraphEngine:
             levels = plan_levels(partition, exchange.plan)
             if levels is not None:
                 exchange.set_levels(*levels)
-            exchange.set_node_ids(partition.owned_ids[exchange.plan.post.send_index.cpu()])
+            exchange.set_node_ids(partition.owned_ids[exchange.plan.post.send_index.cpu()],
+                                  partition.owned_ids)
         self.router = AggregationRouter(partition, self.exchanges, aggregation, group, timeout)
         self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
         self.loss_mask = loss_mask

@@ -95,8 +95,10 @@ class HaloExchange:
         self._cache_states: dict = {}
         # The asynchronous pipeline's state, keyed the same way.
         self._pipes: dict = {}
-        # Global node ids of the post channel's send slots (boundary sampling draws by them).
+        # Global node ids of the post channel's send slots, and of the destinations of the
+        # pre channel's received rows (boundary sampling draws by them).
         self.send_ids: Optional[Tensor] = None
+        self.pre_recv_ids: Optional[Tensor] = None
         # Ranks this rank exchanges anything with (named when a collective fails).
         self.peers = tuple(r for r in range(world) if r != self.rank and (
             self._post_send[r] or self._post_recv[r] or self._pre_send[r] or self._pre_recv[r]))
@@ -344,13 +346,22 @@ class HaloExchange:
         self._pipes[sk] = PipeState(last=received)
         return received
 
-    def set_node_ids(self, send_ids: Tensor) -> "HaloExchange":
+    def set_node_ids(self, send_ids: Tensor,
+                     owned_ids: Optional[Tensor] = None) -> "HaloExchange":
         r"""The global node id of every post-channel send slot (:math:`[S]`, in
-        ``plan.post.send_index`` order), which boundary sampling draws by."""
+        ``plan.post.send_index`` order), which boundary sampling draws by, and optionally
+        those of the owned rows (:math:`[N_{own}]`), by which it samples the partial
+        aggregates this rank receives."""
         if send_ids.numel() != self.plan.post.num_send:
             raise ValueError(f"{send_ids.numel()} send ids for {self.plan.post.num_send} send "
                              "slots")
         self.send_ids = send_ids
+        if owned_ids is not None:
+            if owned_ids.numel() != self.num_owned:
+                raise ValueError(f"{owned_ids.numel()} owned ids for {self.num_owned} owned "
+                                 "rows")
+            self.pre_recv_ids = owned_ids.to(self.plan.pre.recv_index.device)[
+                self.plan.pre.recv_index]
         return self
 
     def _sampled(self) -> Optional[Tuple[Tensor, Tensor]]:
@@ -366,18 +377,38 @@ class HaloExchange:
         recv = sampling.kept(self.plan.halo_ids, self.rank, self.seed, self.step)
         return send.to(self.plan.post.send_index.device), recv.to(self.plan.post.send_index.device)
 
+    def _sampled_pre(self) -> Optional[Tuple[Tensor, Tensor]]:
+        r"""This step's kept pre slots (sent) and partial-aggregate rows (received) under
+        the policy's boundary sampling (``None`` without it, at rate 1, or with
+        ``pre=False``)."""
+        sampling = self.policy.sampling
+        if sampling is None or sampling.rate == 1.0 or not sampling.pre or self.pre_empty:
+            return None
+        if self.pre_recv_ids is None:
+            raise RuntimeError("boundary sampling of partial aggregates needs the owned rows' "
+                               "node ids (HaloExchange.set_node_ids(send_ids, owned_ids); "
+                               "FullGraphEngine sets them)")
+        send = sampling.kept_partials(self.plan.pre_slot_ids, self._pre_send, self.rank, True,
+                                      self.seed, self.step)
+        recv = sampling.kept_partials(self.pre_recv_ids, self._pre_recv, self.rank, False,
+                                      self.seed, self.step)
+        device = self.plan.pre.recv_index.device
+        return send.to(device), recv.to(device)
+
     def _send_sampled(self, rows: Tensor, sampled: Tuple[Tensor, Tensor], key: str,
-                      direction: str) -> Tensor:
-        r"""Post-channel rows (forward) or halo gradients (backward) of the kept nodes only,
-        scaled by :math:`1/p`; the other rows arrive as zeros."""
-        send_kept, halo_kept = sampled
+                      direction: str, channel: str = "post") -> Tensor:
+        r"""Rows (forward) or gradients (backward) of the kept send slots only, scaled by
+        :math:`1/p`; the other rows arrive as zeros.  :obj:`sampled` is ``(kept send slots,
+        kept received rows)`` of the :obj:`channel` (``"post"``: source rows and halo rows;
+        ``"pre"``: pre slots and the partial aggregates received)."""
+        send_kept, recv_kept = sampled
+        sends, recvs = (self._post_send, self._post_recv) if channel == "post" \
+            else (self._pre_send, self._pre_recv)
         if direction == "forward":
-            mine, theirs, counts_out, counts_in = send_kept, halo_kept, self._post_send, \
-                self._post_recv
+            mine, theirs, counts_out, counts_in = send_kept, recv_kept, sends, recvs
         else:
-            mine, theirs, counts_out, counts_in = halo_kept, send_kept, self._post_recv, \
-                self._post_send
-        levels = self._post_levels(direction)
+            mine, theirs, counts_out, counts_in = recv_kept, send_kept, recvs, sends
+        levels = self._post_levels(direction) if channel == "post" else None
         scale = 1.0 / self.policy.sampling.rate
         flat = rows.reshape(rows.size(0), -1)
         cache = self.policy.cache(key, direction)
@@ -385,7 +416,7 @@ class HaloExchange:
             # The cache decides among the kept rows; unkept rows stay in the receiver's copy
             # for later steps but reach the layer as zeros, like every unkept row.
             held = self._send_cached(flat, counts_out, counts_in, key, direction, levels,
-                                     cache, "post", kept=(mine, theirs))
+                                     cache, channel, kept=(mine, theirs))
             out = flat.new_zeros((theirs.numel(), flat.size(1)))
             out[theirs] = held[theirs].to(out.dtype) * scale
             return out.reshape((out.size(0), ) + tuple(rows.shape[1:]))
@@ -549,8 +580,14 @@ class _PreRows(torch.autograd.Function):
         n = ex.num_owned
         if ex.pre_empty:
             return aggregated[:n].clone()
-        received = ex._send(aggregated[n:].contiguous(), ex._pre_send, ex._pre_recv, key,
-                            "forward", training=training, channel="pre")
+        sampled = ex._sampled_pre() if training else None
+        ctx.sampled = sampled
+        if sampled is None:
+            received = ex._send(aggregated[n:].contiguous(), ex._pre_send, ex._pre_recv, key,
+                                "forward", training=training, channel="pre")
+        else:
+            received = ex._send_sampled(aggregated[n:].contiguous(), sampled, key, "forward",
+                                        channel="pre")
         out = aggregated[:n].clone()
         out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
         return out
@@ -561,6 +598,10 @@ class _PreRows(torch.autograd.Function):
         if ex.pre_empty:
             return grad_out, None, None, None  # no pre slots in this mode
         grad_rows = grad_out.index_select(0, ex.plan.pre.recv_index)
-        grad_slots = ex._send(grad_rows, ex._pre_recv, ex._pre_send, ctx.key, "backward",
-                              training=ctx.training, channel="pre")
+        if ctx.sampled is None:
+            grad_slots = ex._send(grad_rows, ex._pre_recv, ex._pre_send, ctx.key, "backward",
+                                  training=ctx.training, channel="pre")
+        else:
+            grad_slots = ex._send_sampled(grad_rows, ctx.sampled, ctx.key, "backward",
+                                          channel="pre")
         return torch.cat([grad_out, grad_slots.to(grad_out.dtype)], dim=0), None, None, None

@@ -175,6 +175,8 @@ class ExchangePolicy:
         text = forward if forward == backward else f"forward {forward}, backward {backward}"
         if self.sampling is not None:
             text += f", boundary sampling p={self.sampling.rate:g}"
+            if not self.sampling.pre:
+                text += " (source rows only)"
         if self.pipeline is not None:
             text += f", {self.pipeline.mode} pipeline (at most {self.pipeline.max_async_epochs} " \
                     "async epochs in a row)"

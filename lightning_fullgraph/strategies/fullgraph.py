@@ -111,10 +111,13 @@ class FullGraphStrategy(DDPStrategy):
             synchronous); ``"adaptive"`` lets
             :class:`~lightning_fullgraph.callbacks.PipelineAdaptor` switch between sync and
             async from the loss-descent rate (SYLVIE).  Default none (synchronous, exact).
-        boundary_sampling (float, optional): Boundary node sampling (BNS-GCN): each training
-            epoch every rank keeps this fraction :math:`p` of its halo nodes, scaled by
-            :math:`1/p` (unbiased for sum and mean aggregations); ``1`` is exact.  Combines
-            with :obj:`cache` (the cache chooses among the kept rows).  Default none.
+        boundary_sampling (float or BoundarySampling, optional): Boundary node sampling
+            (BNS-GCN): each training epoch every rank keeps this fraction :math:`p` of its
+            halo nodes, and of the partial aggregates it receives under pre/hybrid
+            aggregation, scaled by :math:`1/p` (unbiased for sum and mean aggregations);
+            ``1`` is exact; ``BoundarySampling(p, pre=False)`` samples source rows only.
+            Combines with :obj:`cache` (the cache chooses among the kept rows).  Default
+            none.
         overlap (bool): Overlap the synchronous halo exchange with the aggregation of the
             edges whose sources are local (sum aggregations on the kernels; see
             :class:`~lightning_fullgraph.engine.FullGraphEngine`).  Default off.
@@ -147,7 +150,7 @@ class FullGraphStrategy(DDPStrategy):
                  codec: Union[None, str, Codec, ExchangePolicy] = None,
                  cache: Union[None, str, float, HaloCache] = None,
                  pipeline: Union[None, str, AsyncPipeline] = None,
-                 boundary_sampling: Optional[float] = None,
+                 boundary_sampling: Union[None, float, BoundarySampling] = None,
                  overlap: bool = False,
                  aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.

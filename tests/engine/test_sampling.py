@@ -25,6 +25,8 @@ def test_settings_and_draws():
         ExchangePolicy(sampling=0.5, pipeline="async")
     assert "adaptive cache" in ExchangePolicy(sampling=0.5, cache=0.1).describe()
     s = BoundarySampling(0.3)
+    assert s.pre and not BoundarySampling(0.3, pre=False).pre
+    assert "source rows only" in ExchangePolicy(sampling=BoundarySampling(0.5, False)).describe()
     ids = torch.arange(20000)
     kept = s.kept(ids, receiver=1, seed=0, step=4)
     assert abs(kept.float().mean().item() - 0.3) < 0.02
@@ -34,6 +36,12 @@ def test_settings_and_draws():
     slots = s.kept_slots(ids[:30], [10, 0, 20], seed=0, step=4)
     assert torch.equal(slots[:10], s.kept(ids[:10], 0, 0, 4))
     assert torch.equal(slots[10:], s.kept(ids[10:30], 2, 0, 4))
+    # Partial aggregates: what rank 1 sends to rank 2 is what rank 2 receives from rank 1.
+    sent = s.kept_partials(ids[:30], [10, 0, 20], rank=1, sending=True, seed=0, step=4)
+    got = s.kept_partials(ids[10:30], [0, 20, 0], rank=2, sending=False, seed=0, step=4)
+    assert torch.equal(sent[10:], got)
+    back = s.kept_partials(ids[10:30], [0, 20, 0], rank=2, sending=True, seed=0, step=4)
+    assert not torch.equal(back, got)  # the other direction of a pair draws its own
 
 
 def _monte_carlo(rank, world_size, rate, steps):
@@ -80,6 +88,81 @@ def test_sampled_halo_rows_are_unbiased_and_gradients_follow():
     for rank, r in enumerate(run_distributed(_monte_carlo, 3, 0.3, 400)):
         assert r["within"] and r["grads_ok"] and r["fresh"], (rank, r)
         assert abs(r["kept_fraction"] - 0.3) < 0.05, r
+
+
+def _layer_reduce(exchange, aggregated, training=True):
+    # exchange.reduce(...) as a partitioned layer in training mode calls it.
+    from lightning_fullgraph.engine.context import ActiveLayer, pop_layer, push_layer
+    push_layer(ActiveLayer("probe", exchange, training=training))
+    try:
+        return exchange.reduce(aggregated, key="probe.pre")
+    finally:
+        pop_layer()
+
+
+def _partials(rank, world_size, sampling, steps):
+    # Pre-aggregation: every cut edge crosses inside a partial aggregate (one row per
+    # destination and sending rank).  Rows with a value per (sender, destination) and step.
+    data = skewed_graph(num_nodes=90, num_features=F)
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    engine = FullGraphEngine(part, sampling=sampling, aggregation="pre")
+    ex = engine.exchanges["pre"]
+    n, slots = ex.num_owned, ex.num_pre_slots
+    g = torch.Generator().manual_seed(rank)
+    aggregated = torch.randn(n + slots, F, generator=g, dtype=torch.float64) + 2.0
+    with torch.no_grad():
+        exact = _layer_reduce(ex, aggregated)  # evaluation: every partial aggregate, exact
+        # Per owned row, the sum of its received partial rows squared (for the variance).
+        squares = _layer_reduce(ex, aggregated ** 2) - aggregated[:n] ** 2
+    total = torch.zeros_like(exact)
+    grads_ok, rate = True, getattr(sampling, "rate", sampling)
+    rows = []
+    for step in range(steps):
+        ex.step = step
+        a = aggregated.clone().requires_grad_()
+        out = _layer_reduce(ex, a)
+        total += out.detach()
+        out.sum().backward()
+        sent = ex._sampled_pre()
+        # d(sum)/d(slot) is 1/p for the slots this step keeps and 0 for the others.
+        expect = torch.ones_like(a)
+        if sent is not None:
+            expect[n:] = (sent[0].double() / rate)[:, None]
+        grads_ok &= bool(torch.equal(a.grad, expect))
+        rows.append(None if sent is None else int(sent[0].sum()))
+    stats = ex.stats.total()
+    # A kept-with-probability-p, 1/p-scaled row x has variance x^2 (1 - p) / p.
+    sd = (squares.clamp_min(0) * (1 - rate) / (rate * steps)).sqrt() if rate else squares
+    return dict(mean=(total / steps).numpy(), exact=exact.numpy(), sd=sd.numpy(),
+                grads_ok=grads_ok, slots=slots, kept=rows, eligible=stats.rows_eligible,
+                skipped=stats.rows_skipped, bytes=stats.bytes_sent)
+
+
+@pytest.mark.multiprocess
+def test_partial_aggregates_are_sampled_unbiased_and_their_gradients_follow():
+    rate, steps = 0.3, 300
+    results = run_distributed(_partials, 3, rate, steps)
+    assert sum(r["slots"] for r in results) > 0
+    for rank, r in enumerate(results):
+        assert r["grads_ok"], rank
+        # Each owned row gets a sum of partial rows, each kept with p and scaled by 1/p: the
+        # mean over steps is the exact sum within a few standard errors (rows that receive
+        # nothing are exact).
+        err = abs(r["mean"] - r["exact"])
+        assert (err <= 4.5 * r["sd"] + 1e-12).all(), (rank, (err / r["sd"]).max())
+        if r["slots"]:
+            kept = sum(r["kept"]) / (r["slots"] * steps)
+            assert abs(kept - rate) < 0.05, (rank, kept)
+            assert r["skipped"] > 0
+    # Fewer bytes than exact pre-aggregation, and pre=False sends every partial aggregate.
+    exact_bytes = run_distributed(_partials, 3, None, 3)
+    posts_only = run_distributed(_partials, 3, BoundarySampling(rate, pre=False), 3)
+    for rank, (e, q) in enumerate(zip(exact_bytes, posts_only)):
+        assert q["bytes"] == e["bytes"] and q["grads_ok"], rank
+        assert (q["mean"] == e["mean"]).all(), rank  # bit for bit: nothing sampled
+    assert sum(r["bytes"] for r in results) / steps < 0.6 * sum(e["bytes"] / 3
+                                                               for e in exact_bytes)
 
 
 def _train(rank, world_size, sampling, cache=None, kind="gcn"):
