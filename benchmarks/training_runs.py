@@ -94,6 +94,8 @@ def compare(runs: Runs, parts: int, say: Callable[[str], None], dataset: str,
             if name == "fp32":
                 fp32_acc, fp32_mb = mean, mb
             skipped = [r.get("rows_skipped_frac") for r in done]
+            by_direction = {d: [r.get(f"rows_skipped_frac_{d}") for r in done]
+                            for d in ("forward", "backward")}
             rows.append({
                 "dataset": dataset, "model": model, "config": name + suffix,
                 "flags": list(flags) + list(extra),
@@ -106,6 +108,8 @@ def compare(runs: Runs, parts: int, say: Callable[[str], None], dataset: str,
                 "reduction_vs_hybrid_fp32": fp32_mb / mb if mb and fp32_mb else None,
                 "bits_mean": statistics.mean(r.get("bits_mean") or 32.0 for r in done),
                 "rows_skipped_frac": None if None in skipped else statistics.mean(skipped),
+                **{f"rows_skipped_frac_{d}": None if None in v else statistics.mean(v)
+                   for d, v in by_direction.items()},
                 "exchange_s": statistics.median(r["exchange_s_per_epoch"] for r in done),
                 "step_s": statistics.median(r["train_step_seconds"] for r in done),
             })
@@ -115,14 +119,20 @@ def compare(runs: Runs, parts: int, say: Callable[[str], None], dataset: str,
 def table(rows: List[Dict[str, Any]]) -> str:
     r"""The rows of :func:`compare` as a text table."""
     lines = [f"{'dataset':10} {'model':5} {'config':17} {'test acc':>15} {'Δ pp':>6} "
-             f"{'bits':>5} {'skip %':>6} {'MB/ep/rank':>10} {'×post fp32':>10} "
+             f"{'bits':>5} {'skip %':>6} {'fwd/bwd %':>9} {'MB/ep/rank':>10} {'×post fp32':>10} "
              f"{'×hyb fp32':>9} {'exch ms':>8} {'step ms':>8}"]
+
+    def percent(value) -> str:
+        return "" if value is None else f"{100 * value:.0f}"
+
     for r in rows:
         delta = "" if r["delta_pp_vs_fp32"] is None else f"{r['delta_pp_vs_fp32']:+.2f}"
         skip = "" if r["rows_skipped_frac"] is None else f"{100 * r['rows_skipped_frac']:.1f}"
+        fwd, bwd = r.get("rows_skipped_frac_forward"), r.get("rows_skipped_frac_backward")
+        split = "" if fwd is None or bwd is None else f"{percent(fwd)}/{percent(bwd)}"
         lines.append(f"{r['dataset'][:10]:10} {r['model']:5} {r['config']:17} "
                      f"{100 * r['test_acc_mean']:7.2f} ± {100 * r['test_acc_std']:5.2f} "
-                     f"{delta:>6} {r['bits_mean']:5.2f} {skip:>6} "
+                     f"{delta:>6} {r['bits_mean']:5.2f} {skip:>6} {split:>9} "
                      f"{r['MB_per_epoch_per_rank']:10.4f} {r['reduction_vs_post_fp32']:10.2f} "
                      f"{r['reduction_vs_hybrid_fp32'] or 1.0:9.2f} "
                      f"{1e3 * r['exchange_s']:8.1f} {1e3 * r['step_s']:8.1f}")

@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "rounding)")
     t.add_argument("--boundary-sampling", type=float, default=None, metavar="P",
                    help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
-                        "each rank's halo nodes per epoch, scaled by 1/P (1 is exact)")
+                        "each rank's halo nodes (and of the partial aggregates of pre/hybrid "
+                        "aggregation) per epoch, scaled by 1/P (1 is exact)")
     t.add_argument("--timeout", type=float, default=300.0,
                    help="collective timeout in seconds: a rank waiting longer for a stuck "
                         "peer stops with an error naming the exchange (default: 300)")
@@ -484,6 +485,8 @@ def _train(args) -> int:
         "comm_MB_last_epoch_per_rank": last.get("comm/sent_MB"),
         "bits_mean": comm.get("comm/bits"), "bits_last": last.get("comm/bits"),
         "rows_skipped_frac": comm.get("comm/rows_skipped_frac"),
+        "rows_skipped_frac_forward": comm.get("comm/rows_skipped_frac_forward"),
+        "rows_skipped_frac_backward": comm.get("comm/rows_skipped_frac_backward"),
         "exchange_s_per_epoch": comm.get("comm/exchange_s"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }

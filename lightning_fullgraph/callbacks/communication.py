@@ -26,7 +26,8 @@ class CommunicationMonitor(Callback):
     ``comm/layer/<name>_MB``, and ``comm/bits``, the bits per feature of the forward rows'
     wire format (32 exact fp32, 16 bfloat16, 1-8 quantized); with an adaptive halo cache,
     ``comm/rows_skipped_frac``, the share of the rows it could have sent that it skipped (also
-    the rows boundary sampling left out); with an asynchronous pipeline, ``comm/async`` (1 for
+    the rows boundary sampling left out), and the same per direction,
+    ``comm/rows_skipped_frac_forward`` (halo rows) and ``_backward`` (their gradients); with an asynchronous pipeline, ``comm/async`` (1 for
     an epoch on one-epoch-stale halo rows).
     ``comm/sent_MB`` also appears in the progress bar, and ``comm/bits`` too when the codec
     is lossy.
@@ -200,8 +201,13 @@ class CommunicationMonitor(Callback):
         }
         if total.rows_eligible:
             # The adaptive halo cache: the share of the rows it could have sent that the
-            # receivers' cached copies served.
+            # receivers' cached copies served; also per direction (rows, gradients).
             local["comm/rows_skipped_frac"] = total.rows_skipped / total.rows_eligible
+            for direction in ("forward", "backward"):
+                part = stats.total(direction)
+                if part.rows_eligible:
+                    local[f"comm/rows_skipped_frac_{direction}"] = \
+                        part.rows_skipped / part.rows_eligible
         if self.per_layer:
             for key, counter in sorted(stats.per_key().items()):
                 local[f"comm/layer/{key}_MB"] = (counter.bytes_sent + counter.bytes_received) / 1e6

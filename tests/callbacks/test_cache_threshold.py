@@ -146,8 +146,10 @@ def _fit(rank, world_size, tmp):
     _trainer(tmp + "/c", len(SCRIPT), [resumed]).fit(module(1), datamodule=datamodule(),
                                                       ckpt_path=tmp + "/ckpt/last.ckpt")
     skipped = [h.get("comm/rows_skipped_frac") for h in monitor.history]
+    by_direction = [(h.get("comm/rows_skipped_frac_forward"),
+                     h.get("comm/rows_skipped_frac_backward")) for h in monitor.history]
     return dict(real=real.controller.history, metrics=metrics, epsilons=epsilons,
-                skipped=skipped, resumed=resumed.controller.history)
+                skipped=skipped, by_direction=by_direction, resumed=resumed.controller.history)
 
 
 @pytest.mark.multiprocess
@@ -168,6 +170,10 @@ def test_trainer_schedule_is_shared_logged_and_resumed(tmp_path):
     assert r0["epsilons"] == [r0["real"][-1]["epsilon"]]
     # The first epoch sends every row; later ones skip some.
     assert r0["skipped"][0] == 0.0 and max(r0["skipped"][1:]) > 0.0, r0["skipped"]
+    # Per direction too (halo rows, gradients): the first epoch sends both whole.
+    assert r0["by_direction"][0] == (0.0, 0.0)
+    assert all(0.0 <= f <= 1.0 for pair in r0["by_direction"] for f in pair)
+    assert max(f + b for f, b in r0["by_direction"][1:]) > 0.0
     # The scripted schedule moves, and the resumed run continues it exactly: its history is
     # what one uninterrupted controller makes of the script.
     # (The logged accuracy is a float32, weighted by the ranks' shares: equal to a few ulps.)
