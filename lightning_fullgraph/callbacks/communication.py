@@ -27,8 +27,8 @@ class CommunicationMonitor(Callback):
     wire format (32 exact fp32, 16 bfloat16, 1-8 quantized); with an adaptive halo cache,
     ``comm/rows_skipped_frac``, the share of the rows it could have sent that it skipped (also
     the rows boundary sampling left out), and the same per direction,
-    ``comm/rows_skipped_frac_forward`` (halo rows) and ``_backward`` (their gradients); with an asynchronous pipeline, ``comm/async`` (1 for
-    an epoch on one-epoch-stale halo rows).
+    ``comm/rows_skipped_frac_forward`` (halo rows) and ``_backward`` (their gradients); with
+    an asynchronous pipeline, ``comm/async`` (1 for an epoch on one-epoch-stale halo rows).
     ``comm/sent_MB`` also appears in the progress bar, and ``comm/bits`` too when the codec
     is lossy.
     The last epoch's figures stay in :attr:`last` and, per rank, in

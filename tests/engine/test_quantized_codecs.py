@@ -139,7 +139,8 @@ def test_compact_header_rounds_outwards_and_the_grid_covers_the_row(bits):
     codec = QuantizedCodec(bits, "nearest", header="bfloat16")
     wire = codec.encode(x, ctx_for(29))
     zero, scale = Q.read_header(wire, "bfloat16")
-    assert torch.equal(zero, zero.bfloat16().float()) and torch.equal(scale, scale.bfloat16().float())
+    assert torch.equal(zero, zero.bfloat16().float())
+    assert torch.equal(scale, scale.bfloat16().float())
     lo, hi = x.amin(1), x.amax(1)
     assert bool((zero <= lo).all()) and bool((lo - zero <= lo.abs() * 2.0**-7).all())
     top = zero.double() + levels * scale.double()  # the grid's last point

@@ -38,9 +38,10 @@ class QuantizedCodec(Codec):
 
     Each wire row is ``uint8``: the row's zero point and scale (the header: 8 bytes of
     float32, or 4 of bfloat16 rounded outwards), then its :math:`F` codes of :obj:`bits` bits
-    packed :math:`8 / b` to a byte (:func:`~.quantize.wire_width`).  Stochastic rounding is unbiased and draws from a
-    counter-based hash of ``(seed, step, key, direction, rank, row, column)``, so the same
-    context always gives the same bytes, and the receiver needs only the wire rows.
+    packed :math:`8 / b` to a byte (:func:`~.quantize.wire_width`).  Stochastic rounding is
+    unbiased and draws from a counter-based hash of ``(seed, step, key, direction, rank, row,
+    column)``, so the same context always gives the same bytes, and the receiver needs only the
+    wire rows.
 
     Args:
         bits (int): Code width, 1, 2, 4 or 8.
