@@ -77,7 +77,8 @@ from torch import Tensor
 from .base import WireContext
 
 __all__ = ["BITS", "HEADER_BYTES", "HEADERS", "ROUNDINGS", "header_bytes", "wire_width",
-           "packed_bytes", "stream_key", "uniforms", "quantize", "dequantize", "read_header"]
+           "packed_bytes", "stream_key", "uniforms", "bf16_down", "bf16_up", "quantize",
+           "dequantize", "read_header"]
 
 #: Supported code widths.
 BITS = (1, 2, 4, 8)
