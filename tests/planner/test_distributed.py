@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine.codecs.registry import codec_from_name
 from lightning_fullgraph.partition import MODES
 from lightning_fullgraph.planner import (
     LinkModel,
@@ -22,6 +23,7 @@ from lightning_fullgraph.testing import run_distributed
 from .conftest import build, partitions
 
 KINDS = ("gcn", "sage")
+CODEC = "int2-compact"
 TRAIN_STEPS, EVAL_FORWARDS = 4, 2
 
 
@@ -35,8 +37,8 @@ def _measured(engine):
             for k, c in engine.stats.counters.items()}
 
 
-def _run_steps(part, kind, mode, num_features):
-    engine = FullGraphEngine(part, aggregation=mode)
+def _run_steps(part, kind, mode, num_features, codec=None):
+    engine = FullGraphEngine(part, aggregation=mode, codec=codec)
     model = build(kind, num_features)
     engine.attach(model)
     data = engine.data
@@ -94,6 +96,8 @@ def _rank(rank, world_size, profiles):
     link = calibrate(sizes=(0, 1 << 14, 1 << 18), repeats=3, warmup=1, codec_rows=256)
     runs = {(kind, mode): _run_steps(part, kind, mode, data.num_features)
             for kind in KINDS for mode in MODES}
+    # A lossy codec's wire rows (the compact int2 header: 4 bytes + ceil(F / 4) per row).
+    runs[("gcn", "hybrid", CODEC)] = _run_steps(part, "gcn", "hybrid", data.num_features, CODEC)
     monitored = {}
     if world_size == 2:  # once: importing Lightning in every rank costs seconds
         monitored = {
@@ -111,6 +115,9 @@ def test_predicted_bytes_equal_measured_bytes(world_size):
     profiles = {(kind, mode): profile_model(build(kind, data.num_features), data.num_features,
                                             aggregation=mode, forward=_forward)
                 for kind in KINDS for mode in MODES}
+    profiles[("gcn", "hybrid", CODEC)] = profile_model(
+        build("gcn", data.num_features), data.num_features, aggregation="hybrid",
+        forward=_forward, codec=codec_from_name(CODEC))
     results = run_distributed(_rank, world_size, profiles, timeout_s=300)
     counts = partition_counts(parts)
 
@@ -121,17 +128,21 @@ def test_predicted_bytes_equal_measured_bytes(world_size):
     assert all(0 < v < float("inf") for v in (links[0].alpha, links[0].beta,
                                                links[0].codec_throughput))
 
-    for (kind, mode), profile in profiles.items():
+    for case, profile in profiles.items():
         for step in range(TRAIN_STEPS):
             pred = predict(profile, counts, train_offset=step)
             for rank, r in enumerate(results):
-                assert pred.per_key(rank) == r["runs"][(kind, mode)][0][step], \
-                    (kind, mode, "train step", step, rank)
+                assert pred.per_key(rank) == r["runs"][case][0][step], \
+                    (case, "train step", step, rank)
         for step in range(EVAL_FORWARDS):
             pred = predict(profile, counts, train_steps=0, eval_forwards=1, eval_offset=step)
             for rank, r in enumerate(results):
-                assert pred.per_key(rank) == r["runs"][(kind, mode)][1][step], \
-                    (kind, mode, "eval forward", step, rank)
+                assert pred.per_key(rank) == r["runs"][case][1][step], \
+                    (case, "eval forward", step, rank)
+    lossy = results[0]["runs"][("gcn", "hybrid", CODEC)][0][-1]
+    exact = results[0]["runs"][("gcn", "hybrid")][0][-1]
+    assert sum(c["bytes_sent"] for c in lossy.values()) \
+        < sum(c["bytes_sent"] for c in exact.values()) / 2  # the codec was in use
 
     for name, epochs in results[0]["monitored"].items():
         for logged in epochs:
