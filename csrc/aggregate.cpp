@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -153,9 +154,37 @@ std::vector<int64_t> balanced_splits(const int64_t* rowptr, int64_t n, int64_t c
 
 int num_threads() { return std::max(1, at::get_num_threads()); }
 
+// ---------------------------------------------------------------- element types
+// Sums accumulate in acc_t: double for double inputs, float otherwise, so bfloat16 rows
+// (mixed precision) are summed in float32 and rounded once, when the row is stored.
+// bfloat16 is the upper half of a float32: loading is a shift, which vectorises; storing
+// rounds to nearest even (NaN stays NaN), branch-free so that it vectorises too.
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+
+inline float load(float v) { return v; }
+inline double load(double v) { return v; }
+inline float load(c10::BFloat16 v) {
+  const uint32_t u = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+template <typename out_t, typename acc_t> inline out_t store(acc_t v) { return static_cast<out_t>(v); }
+template <> inline c10::BFloat16 store<c10::BFloat16, float>(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  c10::BFloat16 out;
+  out.x = static_cast<uint16_t>(v != v ? 0x7FC0u : rounded);
+  return out;
+}
+
 // Feature block widths tried from widest to narrowest; the widest that fits is used.
+// Sized by the accumulator (512 B: 8 zmm registers), so a bfloat16 block spans 256 B.
 template <typename scalar_t>
-constexpr int max_block() { return 512 / static_cast<int>(sizeof(scalar_t)); }  // 8 cache lines
+constexpr int max_block() { return 512 / static_cast<int>(sizeof(typename Acc<scalar_t>::type)); }
 
 template <typename scalar_t>
 inline void prefetch_row(const scalar_t* p, int width) {
@@ -164,79 +193,83 @@ inline void prefetch_row(const scalar_t* p, int width) {
 }
 
 // ---------------------------------------------------------------- sum / mean
-template <typename scalar_t, typename index_t, int FB, bool HAS_W, bool MEAN>
+// x holds scalar_t, out gets out_t (scalar_t, or float for bfloat16 inputs whose weights
+// are float: PyG's message weight * x_j is promoted then), w holds acc_t.
+template <typename scalar_t, typename out_t, typename index_t, int FB, bool HAS_W, bool MEAN>
 void sum_rows(const int64_t* __restrict rowptr, const index_t* __restrict col,
-              const scalar_t* __restrict w, const scalar_t* __restrict x,
-              scalar_t* __restrict out, int64_t F, int64_t r0, int64_t r1, int64_t f0,
+              const typename Acc<scalar_t>::type* __restrict w, const scalar_t* __restrict x,
+              out_t* __restrict out, int64_t F, int64_t r0, int64_t r1, int64_t f0,
               int64_t nnz, int64_t pf_width) {
+  using acc_t = typename Acc<scalar_t>::type;
   const int64_t pd = prefetch_distance(pf_width * static_cast<int64_t>(sizeof(scalar_t)));
   for (int64_t r = r0; r < r1; ++r) {
-    alignas(64) scalar_t acc[FB];
+    alignas(64) acc_t acc[FB];
 #pragma GCC unroll 16
-    for (int k = 0; k < FB; ++k) acc[k] = scalar_t(0);
+    for (int k = 0; k < FB; ++k) acc[k] = acc_t(0);
     const int64_t e0 = rowptr[r], e1 = rowptr[r + 1];
     for (int64_t e = e0; e < e1; ++e) {
       if (pf_width > 0 && e + pd < nnz)
         prefetch_row(x + static_cast<int64_t>(col[e + pd]) * F + f0, static_cast<int>(pf_width));
       const scalar_t* __restrict xr = x + static_cast<int64_t>(col[e]) * F + f0;
       if (HAS_W) {
-        const scalar_t we = w[e];
+        const acc_t we = w[e];
 #pragma omp simd
-        for (int k = 0; k < FB; ++k) acc[k] += we * xr[k];
+        for (int k = 0; k < FB; ++k) acc[k] += we * load(xr[k]);
       } else {
 #pragma omp simd
-        for (int k = 0; k < FB; ++k) acc[k] += xr[k];
+        for (int k = 0; k < FB; ++k) acc[k] += load(xr[k]);
       }
     }
-    scalar_t* __restrict o = out + r * F + f0;
+    out_t* __restrict o = out + r * F + f0;
     if (MEAN) {
-      const scalar_t inv = e1 > e0 ? scalar_t(1) / scalar_t(e1 - e0) : scalar_t(0);
+      const acc_t inv = e1 > e0 ? acc_t(1) / acc_t(e1 - e0) : acc_t(0);
 #pragma omp simd
-      for (int k = 0; k < FB; ++k) o[k] = acc[k] * inv;
+      for (int k = 0; k < FB; ++k) o[k] = store<out_t, acc_t>(acc[k] * inv);
     } else {
 #pragma omp simd
-      for (int k = 0; k < FB; ++k) o[k] = acc[k];
+      for (int k = 0; k < FB; ++k) o[k] = store<out_t, acc_t>(acc[k]);
     }
   }
 }
 
 // Runtime-width tail (F not a multiple of the smallest block): scalar but rare.
-template <typename scalar_t, typename index_t>
-void sum_rows_tail(const int64_t* rowptr, const index_t* col, const scalar_t* w,
-                   const scalar_t* x, scalar_t* out, int64_t F, int64_t r0, int64_t r1,
+template <typename scalar_t, typename out_t, typename index_t>
+void sum_rows_tail(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
+                   const scalar_t* x, out_t* out, int64_t F, int64_t r0, int64_t r1,
                    int64_t f0, int64_t width, bool mean) {
+  using acc_t = typename Acc<scalar_t>::type;
   for (int64_t r = r0; r < r1; ++r) {
-    scalar_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    acc_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const int64_t e0 = rowptr[r], e1 = rowptr[r + 1];
     for (int64_t e = e0; e < e1; ++e) {
       const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F + f0;
-      const scalar_t we = w ? w[e] : scalar_t(1);
-      for (int64_t k = 0; k < width; ++k) acc[k] += we * xr[k];
+      const acc_t we = w ? w[e] : acc_t(1);
+      for (int64_t k = 0; k < width; ++k) acc[k] += we * load(xr[k]);
     }
-    const scalar_t inv = (mean && e1 > e0) ? scalar_t(1) / scalar_t(e1 - e0) : scalar_t(1);
-    for (int64_t k = 0; k < width; ++k) out[r * F + f0 + k] = acc[k] * inv;
+    const acc_t inv = (mean && e1 > e0) ? acc_t(1) / acc_t(e1 - e0) : acc_t(1);
+    for (int64_t k = 0; k < width; ++k) out[r * F + f0 + k] = store<out_t, acc_t>(acc[k] * inv);
   }
 }
 
-template <typename scalar_t, typename index_t, int FB>
-void sum_dispatch_flags(const int64_t* rowptr, const index_t* col, const scalar_t* w,
-                        const scalar_t* x, scalar_t* out, int64_t F, int64_t r0, int64_t r1,
+template <typename scalar_t, typename out_t, typename index_t, int FB>
+void sum_dispatch_flags(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
+                        const scalar_t* x, out_t* out, int64_t F, int64_t r0, int64_t r1,
                         int64_t f0, bool mean, int64_t nnz, int64_t pf) {
   if (w) {
-    if (mean) sum_rows<scalar_t, index_t, FB, true, true>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
-    else sum_rows<scalar_t, index_t, FB, true, false>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
+    if (mean) sum_rows<scalar_t, out_t, index_t, FB, true, true>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
+    else sum_rows<scalar_t, out_t, index_t, FB, true, false>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
   } else {
-    if (mean) sum_rows<scalar_t, index_t, FB, false, true>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
-    else sum_rows<scalar_t, index_t, FB, false, false>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
+    if (mean) sum_rows<scalar_t, out_t, index_t, FB, false, true>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
+    else sum_rows<scalar_t, out_t, index_t, FB, false, false>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
   }
 }
 
 // A feature segment [f_begin, f_end) is processed with the widest block that fits.
 // tiled: rows come in small tiles and the first block prefetches the whole segment of
 // each source row, so later blocks find the rest of the row in cache (wide F).
-template <typename scalar_t, typename index_t>
-void sum_segment_rows(const int64_t* rowptr, const index_t* col, const scalar_t* w,
-                      const scalar_t* x, scalar_t* out, int64_t F, int64_t r0, int64_t r1,
+template <typename scalar_t, typename out_t, typename index_t>
+void sum_segment_rows(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
+                      const scalar_t* x, out_t* out, int64_t F, int64_t r0, int64_t r1,
                       int64_t f_begin, int64_t f_end, bool mean, int64_t nnz, bool tiled) {
   constexpr int B = max_block<scalar_t>();
   int64_t f0 = f_begin;
@@ -245,14 +278,14 @@ void sum_segment_rows(const int64_t* rowptr, const index_t* col, const scalar_t*
     const int64_t blk = left >= B ? B : left >= B / 2 ? B / 2 : left >= B / 4 ? B / 4
                       : left >= B / 8 ? B / 8 : left >= B / 16 ? B / 16 : 0;
     const int64_t pf = tiled ? (f0 == f_begin ? f_end - f_begin : 0) : blk;
-    if (blk == B) sum_dispatch_flags<scalar_t, index_t, B>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 2) sum_dispatch_flags<scalar_t, index_t, B / 2>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 4) sum_dispatch_flags<scalar_t, index_t, B / 4>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 8) sum_dispatch_flags<scalar_t, index_t, B / 8>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 16) sum_dispatch_flags<scalar_t, index_t, B / 16>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
+    if (blk == B) sum_dispatch_flags<scalar_t, out_t, index_t, B>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 2) sum_dispatch_flags<scalar_t, out_t, index_t, B / 2>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 4) sum_dispatch_flags<scalar_t, out_t, index_t, B / 4>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 8) sum_dispatch_flags<scalar_t, out_t, index_t, B / 8>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 16) sum_dispatch_flags<scalar_t, out_t, index_t, B / 16>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
     else {
       const int64_t width = std::min<int64_t>(left, 8);
-      sum_rows_tail<scalar_t, index_t>(rowptr, col, w, x, out, F, r0, r1, f0, width, mean);
+      sum_rows_tail<scalar_t, out_t, index_t>(rowptr, col, w, x, out, F, r0, r1, f0, width, mean);
       f0 += width;
       continue;
     }
@@ -260,18 +293,18 @@ void sum_segment_rows(const int64_t* rowptr, const index_t* col, const scalar_t*
   }
 }
 
-template <typename scalar_t, typename index_t>
-void sum_segment(const int64_t* rowptr, const index_t* col, const scalar_t* w,
-                 const scalar_t* x, scalar_t* out, int64_t F, int64_t r0, int64_t r1,
+template <typename scalar_t, typename out_t, typename index_t>
+void sum_segment(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
+                 const scalar_t* x, out_t* out, int64_t F, int64_t r0, int64_t r1,
                  int64_t f_begin, int64_t f_end, bool mean, int64_t nnz) {
   constexpr int B = max_block<scalar_t>();
   if (f_end - f_begin <= B) {
-    sum_segment_rows<scalar_t, index_t>(rowptr, col, w, x, out, F, r0, r1, f_begin, f_end, mean, nnz, false);
+    sum_segment_rows<scalar_t, out_t, index_t>(rowptr, col, w, x, out, F, r0, r1, f_begin, f_end, mean, nnz, false);
     return;
   }
   constexpr int64_t kRowTile = 16;  // ~16 rows x 16 edges x 1 KiB source rows stay in L2
   for (int64_t rt = r0; rt < r1; rt += kRowTile)
-    sum_segment_rows<scalar_t, index_t>(rowptr, col, w, x, out, F, rt, std::min(r1, rt + kRowTile), f_begin,
+    sum_segment_rows<scalar_t, out_t, index_t>(rowptr, col, w, x, out, F, rt, std::min(r1, rt + kRowTile), f_begin,
                                         f_end, mean, nnz, true);
 }
 
@@ -328,12 +361,12 @@ void check_inputs(const char* op, const torch::Tensor& rowptr, const torch::Tens
 }
 
 torch::Tensor checked_weight(const char* op, const c10::optional<torch::Tensor>& weight, int64_t nnz,
-                             const torch::Tensor& x) {
+                             const torch::TensorOptions& like) {
   if (!weight.has_value() || !weight->defined()) return torch::Tensor();
   TORCH_CHECK(weight->device().is_cpu(), op, ": lightning_fullgraph cpp kernels need CPU tensors (weight)");
   TORCH_CHECK_VALUE(weight->numel() == nnz, op, ": weight must have one entry per edge: nnz = col.numel() = ", nnz,
                     ", got weight.numel() = ", weight->numel());
-  return weight->to(x.scalar_type()).contiguous();
+  return weight->to(c10::typeMetaToScalarType(like.dtype())).contiguous();
 }
 
 // Checks rowptr[0] == 0, rowptr[N] == nnz, rowptr non-decreasing and col in [0, n_src)
@@ -491,33 +524,52 @@ int64_t validate_csr(const char* op, const torch::Tensor& rowptr, const torch::T
 
 }  // namespace
 
-torch::Tensor csr_sum(torch::Tensor rowptr, torch::Tensor col, c10::optional<torch::Tensor> weight,
-                      torch::Tensor x, bool mean) {
-  check_inputs("csr_sum", rowptr, col, x);
-  torch::Tensor w = checked_weight("csr_sum", weight, col.numel(), x);
-  const int64_t max_row = validate_csr("csr_sum", rowptr, col, x.size(0));
+namespace {
+template <typename scalar_t, typename out_t>
+void run_csr_sum(const torch::Tensor& rowptr, const torch::Tensor& col, const torch::Tensor& w,
+                 const torch::Tensor& x, torch::Tensor& out, bool mean, int64_t max_row) {
+  using acc_t = typename Acc<scalar_t>::type;
   const int64_t n = rowptr.numel() - 1, F = x.size(1), nnz = col.numel();
-  auto out = pool::empty({n, F}, x.options());
-  if (n == 0 || F == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "csr_sum", [&] {
-    AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "csr_sum_idx", [&] {
-      const int64_t* rp = rowptr.data_ptr<int64_t>();
-      const index_t* cp = col.data_ptr<index_t>();
-      const scalar_t* wp = w.defined() ? w.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* xp = x.data_ptr<scalar_t>();
-      scalar_t* op = out.data_ptr<scalar_t>();
-      Grid g = make_grid<scalar_t>(rp, n, F, max_row);
-      const int64_t chunks = static_cast<int64_t>(g.splits.size()) - 1;
-      const int64_t tasks = chunks * g.fgroups;
+  AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "csr_sum_idx", [&] {
+    const int64_t* rp = rowptr.data_ptr<int64_t>();
+    const index_t* cp = col.data_ptr<index_t>();
+    const acc_t* wp = w.defined() ? w.data_ptr<acc_t>() : nullptr;
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    out_t* op = out.data_ptr<out_t>();
+    Grid g = make_grid<scalar_t>(rp, n, F, max_row);
+    const int64_t chunks = static_cast<int64_t>(g.splits.size()) - 1;
+    const int64_t tasks = chunks * g.fgroups;
 _Pragma("omp parallel for schedule(dynamic, 1)")
-      for (int64_t t = 0; t < tasks; ++t) {
-        const int64_t c = t / g.fgroups, fg = t % g.fgroups;
-        const int64_t fb = fg * g.fwidth, fe = std::min<int64_t>(F, fb + g.fwidth);
-        sum_segment<scalar_t, index_t>(rp, cp, wp, xp, op, F, g.splits[c], g.splits[c + 1],
-                                       fb, fe, mean, nnz);
-      }
-    });
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t c = t / g.fgroups, fg = t % g.fgroups;
+      const int64_t fb = fg * g.fwidth, fe = std::min<int64_t>(F, fb + g.fwidth);
+      sum_segment<scalar_t, out_t, index_t>(rp, cp, wp, xp, op, F, g.splits[c], g.splits[c + 1],
+                                            fb, fe, mean, nnz);
+    }
   });
+}
+}  // namespace
+
+// x: float32, float64 or bfloat16 (summed in float32). promote: a bfloat16 x gives a
+// float32 output (what PyG computes when the edge weights are float32); otherwise the
+// output has x's dtype. Weights are read in the accumulation type.
+torch::Tensor csr_sum(torch::Tensor rowptr, torch::Tensor col, c10::optional<torch::Tensor> weight,
+                      torch::Tensor x, bool mean, bool promote) {
+  check_inputs("csr_sum", rowptr, col, x);
+  const auto st = x.scalar_type();
+  TORCH_CHECK_VALUE(st == torch::kFloat || st == torch::kDouble || st == torch::kBFloat16,
+                    "csr_sum: x must be float32, float64 or bfloat16, got ", st);
+  const bool reduced = st == torch::kBFloat16;
+  const auto acc = reduced ? torch::kFloat : st;
+  torch::Tensor w = checked_weight("csr_sum", weight, col.numel(), x.options().dtype(acc));
+  const int64_t max_row = validate_csr("csr_sum", rowptr, col, x.size(0));
+  const int64_t n = rowptr.numel() - 1, F = x.size(1);
+  auto out = pool::empty({n, F}, x.options().dtype(reduced && promote ? torch::kFloat : st));
+  if (n == 0 || F == 0) return out;
+  if (st == torch::kFloat) run_csr_sum<float, float>(rowptr, col, w, x, out, mean, max_row);
+  else if (st == torch::kDouble) run_csr_sum<double, double>(rowptr, col, w, x, out, mean, max_row);
+  else if (promote) run_csr_sum<c10::BFloat16, float>(rowptr, col, w, x, out, mean, max_row);
+  else run_csr_sum<c10::BFloat16, c10::BFloat16>(rowptr, col, w, x, out, mean, max_row);
   return out;
 }
 
@@ -580,7 +632,7 @@ void max_rows_tail(const int64_t* rowptr, const index_t* col, const scalar_t* w,
 std::vector<torch::Tensor> csr_max(torch::Tensor rowptr, torch::Tensor col,
                                    c10::optional<torch::Tensor> weight, torch::Tensor x) {
   check_inputs("csr_max", rowptr, col, x);
-  torch::Tensor w = checked_weight("csr_max", weight, col.numel(), x);
+  torch::Tensor w = checked_weight("csr_max", weight, col.numel(), x.options());
   const int64_t max_row = validate_csr("csr_max", rowptr, col, x.size(0));
   const int64_t n = rowptr.numel() - 1, F = x.size(1);
   auto out = pool::empty({n, F}, x.options());
@@ -737,7 +789,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "number of validated (rowptr, col) pairs remembered (0: validate on every call)");
   m.def("validation_cache_info", &vcache::info, "[hits, misses, size, capacity] of the validation cache");
   m.def("check_csr", &check_csr, "validate a CSR (rowptr, col, N_src); returns the largest row length");
-  m.def("csr_sum", &csr_sum, "CSR sum/mean aggregation");
+  m.def("csr_sum", &csr_sum, "CSR sum/mean aggregation", py::arg("rowptr"), py::arg("col"), py::arg("weight"),
+        py::arg("x"), py::arg("mean"), py::arg("promote") = false);
   m.def("csr_max", &csr_max, "CSR max aggregation with arg-max");
   m.def("csr_edge_dot", &csr_edge_dot, "per-edge dot product (SDDMM)");
   m.def("take_values", &take_values, "values[perm] for 1-D values (prefetching gather)");

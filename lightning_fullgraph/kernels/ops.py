@@ -48,19 +48,42 @@ def impl(backend: str):
     return reference
 
 
-def _kernel_ok(backend: str, x: Tensor) -> str:
-    # The compiled CPU kernels cover fp32/fp64 on CPU; anything else uses the reference.
-    if backend == "cpp" and (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64)):
+_CPP_DTYPES = (torch.float32, torch.float64)
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _kernel_ok(backend: str, x: Tensor, cpp_dtypes: Tuple[torch.dtype, ...] = _CPP_DTYPES) -> str:
+    # The compiled CPU kernels cover cpp_dtypes on CPU; anything else uses the reference.
+    if backend == "cpp" and (x.device.type != "cpu" or x.dtype not in cpp_dtypes):
         return "torch"
     if backend == "triton":
         import os
 
         interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
-        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        if x.dtype not in _TRITON_DTYPES:
             return "torch"
         if x.device.type != "cuda" and not interpreted:
             return "torch"  # Triton compiles for GPUs only; CPU runs need the interpreter
     return backend
+
+
+def _sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
+         backend: str) -> Tensor:
+    # The output dtype is PyG's (reference.sum_dtype: bfloat16 rows with float32 weights, as
+    # under autocast, give float32), sums accumulate in float32 for 16-bit rows. The C++
+    # kernels read float32/float64/bfloat16 rows; bfloat16 rows cost half the bytes.
+    out_dtype = reference.sum_dtype(x, weight)
+    native = x.dtype == out_dtype or (x.dtype == torch.bfloat16 and out_dtype == torch.float32)
+    if backend == "cpp" and not native and out_dtype in _CPP_DTYPES:
+        x = x.to(out_dtype)  # e.g. float32 rows with float64 weights: summed in float64
+    cpp_ok = _CPP_DTYPES + (torch.bfloat16,)
+    backend = _kernel_ok(backend, x, cpp_ok)
+    if backend == "triton" and out_dtype not in _TRITON_DTYPES:
+        backend = "torch"
+    mod = impl(backend)
+    if mod is reference or backend == "triton":
+        return mod.csr_sum(rowptr, col, weight, x.contiguous(), mean, out_dtype=out_dtype)
+    return mod.csr_sum(rowptr, col, weight, x.contiguous(), mean, out_dtype != x.dtype)
 
 
 # --------------------------------------------------------------------------- raw ops
@@ -70,25 +93,28 @@ def _kernel_ok(backend: str, x: Tensor) -> str:
 def csr_sum_raw(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
                 backend: str) -> Tensor:
     """:func:`csr_sum` without autograd (used by backward on the transposed CSR)."""
-    backend = _kernel_ok(backend, x)
-    return impl(backend).csr_sum(rowptr, col, weight, x.contiguous(), mean)
+    return _sum(rowptr, col, weight, x, mean, backend)
 
 
 @csr_sum_raw.register_fake
 def _(rowptr, col, weight, x, mean, backend):
-    return x.new_empty(rowptr.shape[0] - 1, x.shape[1])
+    return x.new_empty(rowptr.shape[0] - 1, x.shape[1], dtype=reference.sum_dtype(x, weight))
 
 
 @torch.library.custom_op("lightning_fullgraph::csr_edge_dot", mutates_args=())
 def csr_edge_dot(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor, backend: str) -> Tensor:
     """``out[e] = <a[row(e)], b[col[e]]>`` per CSR edge (gradient of per-edge weights)."""
+    # Mixed or 16-bit operands (autocast): dot products summed in float32, like csr_sum.
+    out_dtype = torch.promote_types(a.dtype, b.dtype)
+    acc = reference.accumulation_dtype(out_dtype)
+    a, b = a.to(acc), b.to(acc)
     backend = _kernel_ok(backend, b)
-    return impl(backend).csr_edge_dot(rowptr, col, a.contiguous(), b.contiguous())
+    return impl(backend).csr_edge_dot(rowptr, col, a.contiguous(), b.contiguous()).to(out_dtype)
 
 
 @csr_edge_dot.register_fake
 def _(rowptr, col, a, b, backend):
-    return b.new_empty(col.shape[0])
+    return b.new_empty(col.shape[0], dtype=torch.promote_types(a.dtype, b.dtype))
 
 
 def _gather_values(values: Tensor, perm: Tensor, backend: str) -> Tensor:
@@ -163,11 +189,11 @@ def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, me
         backend: ``"cpp"``, ``"triton"`` or ``"torch"``.
 
     Returns:
-        ``[N_dst, F]``.
+        ``[N_dst, F]`` of PyG's dtype (:func:`~.reference.sum_dtype`: ``bfloat16`` rows with
+        ``float32`` weights give ``float32``), summed in ``float32`` for 16-bit rows.
     """
     _check_transpose_shapes(col, x, t_rowptr, t_col, t_perm)
-    backend = _kernel_ok(backend, x)
-    return impl(backend).csr_sum(rowptr, col, weight, x.contiguous(), mean)
+    return _sum(rowptr, col, weight, x, mean, backend)
 
 
 def _check_transpose_shapes(col: Tensor, x: Tensor, t_rowptr: Tensor, t_col: Tensor, t_perm: Tensor) -> None:
@@ -183,7 +209,7 @@ def _check_transpose_shapes(col: Tensor, x: Tensor, t_rowptr: Tensor, t_col: Ten
 
 @csr_sum.register_fake
 def _(rowptr, col, weight, x, mean, t_rowptr, t_col, t_perm, backend):
-    return x.new_empty(rowptr.shape[0] - 1, x.shape[1])
+    return x.new_empty(rowptr.shape[0] - 1, x.shape[1], dtype=reference.sum_dtype(x, weight))
 
 
 def _sum_setup(ctx, inputs, output):
@@ -228,6 +254,9 @@ def csr_max(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor,
         ``(out [N_dst, F], arg [N_dst, F] int64)`` - ``arg`` is the CSR position of the
         (first) maximising edge, ``-1`` for rows without in-edges (their output is 0).
     """
+    out_dtype = reference.sum_dtype(x, weight)  # PyG's message weight * x_j promotes
+    if x.dtype != out_dtype:
+        x = x.to(out_dtype)
     backend = _kernel_ok(backend, x)
     out, arg = impl(backend).csr_max(rowptr, col, weight, x.contiguous())
     return out, arg
@@ -236,7 +265,8 @@ def csr_max(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor,
 @csr_max.register_fake
 def _(rowptr, col, weight, x, backend):
     n = rowptr.shape[0] - 1
-    return x.new_empty(n, x.shape[1]), x.new_empty(n, x.shape[1], dtype=torch.long)
+    return (x.new_empty(n, x.shape[1], dtype=reference.sum_dtype(x, weight)),
+            x.new_empty(n, x.shape[1], dtype=torch.long))
 
 
 def _max_setup(ctx, inputs, output):

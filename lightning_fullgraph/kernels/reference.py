@@ -18,7 +18,7 @@ from torch import Tensor
 
 from . import validate
 
-__all__ = ["csr_sum", "csr_max", "csr_edge_dot", "row_index"]
+__all__ = ["csr_sum", "csr_max", "csr_edge_dot", "row_index", "sum_dtype", "accumulation_dtype"]
 
 _CHUNK_ELEMS = 1 << 24  # gathered elements per chunk (64 MiB of fp32)
 
@@ -36,26 +36,45 @@ def _chunks(num_edges: int, width: int):
         yield s, min(num_edges, s + step)
 
 
-def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool) -> Tensor:
+def sum_dtype(x: Tensor, weight: Optional[Tensor]) -> torch.dtype:
+    """Output dtype of a sum/mean aggregation: PyG's, whose message ``weight * x_j`` promotes
+    (``bfloat16`` features with ``float32`` edge weights, as under autocast, give ``float32``)."""
+    return x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Type sums are accumulated in: ``float32`` for 16-bit floats (rounded once at the end,
+    so a row of many edges does not lose precision edge by edge), else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
+            out_dtype: Optional[torch.dtype] = None) -> Tensor:
     """Sum (or mean over the number of in-edges) of ``weight[e] * x[col[e]]`` per row.
+
+    Args:
+        out_dtype: Output dtype (default :func:`sum_dtype`); sums accumulate in
+            :func:`accumulation_dtype` of it.
 
     Returns:
         ``[N_dst, F]``; rows without in-edges are 0.
     """
     validate.check_aggregation("csr_sum", rowptr, col, weight, x)
+    out_dtype = out_dtype or sum_dtype(x, weight)
+    acc = accumulation_dtype(out_dtype)
     n, f = rowptr.numel() - 1, x.size(1)
-    out = x.new_zeros(n, f)
+    out = x.new_zeros(n, f, dtype=acc)
     row = row_index(rowptr)
     col = col.long()
     for s, e in _chunks(col.numel(), f):
-        msg = x.index_select(0, col[s:e])
+        msg = x.index_select(0, col[s:e]).to(acc)
         if weight is not None:
-            msg = msg * weight[s:e].to(x.dtype).unsqueeze(1)
+            msg = msg * weight[s:e].to(acc).unsqueeze(1)
         out.index_add_(0, row[s:e], msg)
     if mean:
-        deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(x.dtype)
+        deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(acc)
         out = out / deg.unsqueeze(1)
-    return out
+    return out.to(out_dtype)
 
 
 def csr_max(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor) -> Tuple[Tensor, Tensor]:

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import validate
+from . import reference, validate
 
 __all__ = ["csr_sum", "csr_max", "csr_edge_dot", "is_available"]
 
@@ -125,16 +125,20 @@ def _plain(t: Optional[Tensor]) -> Optional[Tensor]:
     return t.as_subclass(Tensor).contiguous() if type(t) is not Tensor else t.contiguous()
 
 
-def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool) -> Tensor:
-    """Triton version of :func:`lightning_fullgraph.kernels.reference.csr_sum`."""
+def csr_sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
+            out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Triton version of :func:`lightning_fullgraph.kernels.reference.csr_sum` (sums in
+    float32; float32 and 16-bit outputs)."""
     validate.check_aggregation("csr_sum", rowptr, col, weight, x)
+    out_dtype = out_dtype or reference.sum_dtype(x, weight)
     rowptr, col, weight, x = _plain(rowptr), _plain(col), _plain(weight), _plain(x)
     n, f = rowptr.numel() - 1, x.size(1)
-    out = x.new_empty(n, f)
+    out = x.new_empty(n, f, dtype=out_dtype)
     if n == 0 or f == 0:
         return out
     be, bf = _blocks(f)
-    w = weight.to(x.dtype) if weight is not None else x  # dummy pointer when unused
+    # Weights are read as they are (the kernel multiplies in float32), not rounded to x's dtype.
+    w = weight if weight is not None else x  # dummy pointer when unused
     _sum_kernel[(n, triton.cdiv(f, bf))](rowptr, col, w, x, out, f, HAS_W=weight is not None,
                                          MEAN=bool(mean), BLOCK_E=be, BLOCK_F=bf)
     return out
