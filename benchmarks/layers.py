@@ -35,6 +35,12 @@ at least with this torch (JSON ``dense_reference``).
 PyG's path materialises ``E x F`` messages (8M x 128 x 4 B = 4 GB) in forward and again in
 backward; it is skipped, with a note, when that does not fit in the memory available.
 
+``--autocast bf16`` runs every step (and the ``torch.mm`` reference) under
+``torch.autocast("cpu", dtype=torch.bfloat16)``, what Lightning's ``precision="bf16-mixed"``
+does: the linear layers then run in bfloat16, and GCN aggregates their bfloat16 output
+(with float32 edge weights, so its sums are float32, as in PyG). Outputs are compared with
+PyG's within ``CHECK_TOL_AMP``.
+
 Tip: ``THP_MEM_ALLOC_ENABLE=1`` backs large CPU tensors with transparent huge pages (see
 ``benchmarks/kernels.py``); the JSON records whether it was set.
 """
@@ -75,6 +81,12 @@ AGGREGATION_KEYS = ("lightning_fullgraph", "scatter", "index_add", "segment", "i
 DENSE_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm")
 TOP_OPS = 8
 CHECK_TOL = 1e-4
+CHECK_TOL_AMP = 2.0 ** -6  # bfloat16 has 8 significant bits; sums in another order
+
+
+def autocast(args: argparse.Namespace):
+    """The mixed-precision context of ``--autocast`` (a no-op context without it)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=getattr(args, "autocast", "none") == "bf16")
 
 
 # --------------------------------------------------------------------------- layers and variants
@@ -141,7 +153,7 @@ def variant(name: str, conv: torch.nn.Module) -> Iterator[None]:
 def step(conv: torch.nn.Module, x: Tensor, edge_index: Tensor, g: Tensor) -> None:
     """One timed step: forward, backward, gradients dropped (not accumulated)."""
     out = conv(x, edge_index)
-    out.backward(g)
+    out.backward(g.to(out.dtype))
     x.grad = None
     conv.zero_grad(set_to_none=True)
 
@@ -149,22 +161,23 @@ def step(conv: torch.nn.Module, x: Tensor, edge_index: Tensor, g: Tensor) -> Non
 def checked_step(conv: torch.nn.Module, x: Tensor, edge_index: Tensor, g: Tensor) -> Dict[str, Tensor]:
     """:func:`step` that keeps the output and all gradients (the warm-up, compared across variants)."""
     out = conv(x, edge_index)
-    out.backward(g)
-    result = {"out": out.detach(), "x.grad": x.grad}
+    out.backward(g.to(out.dtype))
+    result = {"out": out.detach().float(), "x.grad": x.grad}
     result.update({f"{n}.grad": p.grad for n, p in conv.named_parameters() if p.grad is not None})
     x.grad = None
     conv.zero_grad(set_to_none=True)
     return result
 
 
-def compare(ours: Dict[str, Tensor], ref: Dict[str, Tensor]) -> Dict[str, dict]:
+def compare(ours: Dict[str, Tensor], ref: Dict[str, Tensor], tol: float = CHECK_TOL) -> Dict[str, dict]:
     """Per tensor: max abs difference, the reference's max abs value, and whether the difference
-    is within ``CHECK_TOL`` of ``max(1, max|ref|)`` (weight gradients sum over all N rows, so
+    is within :obj:`tol` of ``max(1, max|ref|)`` (weight gradients sum over all N rows, so
     their size, and fp32's rounding in a different summation order, grows with N)."""
     out = {}
     for key, ref_t in ref.items():
-        diff, scale = float((ours[key] - ref_t).abs().max()), float(ref_t.abs().max())
-        out[key] = dict(max_abs_diff=diff, max_abs_ref=scale, ok=diff <= CHECK_TOL * max(1.0, scale))
+        diff = float((ours[key].double() - ref_t.double()).abs().max())
+        scale = float(ref_t.abs().max())
+        out[key] = dict(max_abs_diff=diff, max_abs_ref=scale, ok=diff <= tol * max(1.0, scale))
     return out
 
 
@@ -220,7 +233,8 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
     x = torch.randn(n, f, generator=gen).requires_grad_()
     g = torch.randn(n, f, generator=gen)
     row: Dict[str, Any] = dict(layer=layer, module=repr(conv), nodes=n, edges=e, features=f, repeats=args.repeats,
-                               warmup=1, load_avg_before=os.getloadavg(), variants={})
+                               warmup=1, autocast=args.autocast, load_avg_before=os.getloadavg(), variants={})
+    tol = CHECK_TOL_AMP if args.autocast == "bf16" else CHECK_TOL
     active = list(VARIANTS)
     row["variants"] = {name: {} for name in VARIANTS}
     need, avail = pyg_bytes(layer, n, e, f), mem_available()
@@ -232,7 +246,7 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
     # Warm-up: one checked step each (ours also builds its CSR here, once per graph).
     results = {}
     for name in active:
-        with variant(name, conv):
+        with variant(name, conv), autocast(args):
             t = time.perf_counter()
             results[name] = checked_step(conv, x, edge_index, g)
             row["variants"][name]["first_step_s"] = time.perf_counter() - t
@@ -241,13 +255,13 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
             if name == "no_aggregation":
                 row["no_aggregation_calls"] = conv.propagate.calls  # 1: the stand-in really ran
     if "pyg" in results and "ours" in results:
-        check = compare(results["ours"], results["pyg"])
+        check = compare(results["ours"], results["pyg"], tol)
         row["check_ours_vs_pyg"] = check
         row["check_ok"] = all(c["ok"] for c in check.values())
         for key, c in check.items():
             if not c["ok"]:
                 print(f"# WARNING {layer}: ours' {key} differs from pyg's by {c['max_abs_diff']:.3g} "
-                      f"(max |pyg| {c['max_abs_ref']:.3g}, tolerance {CHECK_TOL:g} relative)", flush=True)
+                      f"(max |pyg| {c['max_abs_ref']:.3g}, tolerance {tol:g} relative)", flush=True)
     del results
 
     # Timed rounds. Leaving use("auto") removes the layer's kernel wrapper and the next ours
@@ -256,7 +270,7 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
     cache_before = K.cache_info()
     for _ in range(args.repeats):
         for name in active:
-            with variant(name, conv):
+            with variant(name, conv), autocast(args):
                 times[name] += timeit(lambda: step(conv, x, edge_index, g), 1, 0)
     # Misses here would mean ours rebuilt its CSR inside the timed steps (a cache bug).
     row["csr_cache_misses_timed"] = K.cache_info()["misses"] - cache_before["misses"]
@@ -267,7 +281,7 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
     if not args.no_profile:
         row["profile"] = {}
         for name in active:
-            with variant(name, conv):
+            with variant(name, conv), autocast(args):
                 row["profile"][name] = profile_step(lambda: step(conv, x, edge_index, g))
         ours_ops = row["profile"].get("ours", {}).get("our_ops", [])
         if "ours" in active and not any(op.startswith("lightning_fullgraph::csr_sum") for op in ours_ops):
@@ -361,11 +375,12 @@ def machine_info(args: argparse.Namespace, argv: Optional[List[str]]) -> dict:
                 load_avg_start=os.getloadavg())
 
 
-def dense_reference(n: int, f: int, repeats: int) -> dict:
+def dense_reference(n: int, f: int, repeats: int, dtype: torch.dtype = torch.float32) -> dict:
     """``torch.mm`` alone on the layers' GEMM shapes (forward ``[N, F] x [F, F]``; the two
     backward products, input gradient ``[N, F] x [F, F]`` and weight gradient ``[F, N] x [N, F]``),
     best of ``repeats``: what the dense part of a step can take at least with this torch."""
-    a, w, g = torch.randn(n, f), torch.randn(f, f), torch.randn(n, f)
+    a, w, g = (torch.randn(n, f, dtype=dtype), torch.randn(f, f, dtype=dtype),
+               torch.randn(n, f, dtype=dtype))
     fwd = min(timeit(lambda: torch.mm(a, w), repeats, 1))
     wgrad = min(timeit(lambda: torch.mm(g.t(), a), repeats, 1))
     flops = 2.0 * n * f * f
@@ -388,6 +403,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--json", default=None, help="also write the JSON result to this file")
     p.add_argument("--no-print-json", action="store_true", help="do not print the JSON result")
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler breakdown")
+    p.add_argument("--autocast", choices=("none", "bf16"), default="none",
+                   help="run the steps under torch.autocast('cpu', bfloat16) (Lightning's bf16-mixed)")
     args = p.parse_args(argv)
 
     info = machine_info(args, argv)
@@ -401,8 +418,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
           f"THP_MEM_ALLOC_ENABLE={info['thp_mem_alloc']}; graph N={args.nodes:,} E={args.edges:,} "
           f"F={args.features} (max in-degree {graph['max_in_degree']:,}); 1 warm-up + best/median of {args.repeats}",
           flush=True)
-    dense = dense_reference(args.nodes, args.features, max(3, args.repeats))
-    print(f"# torch.mm alone, [N, F] x [F, F]: {dense['mm_fwd_s']:.3f}s ({dense['gflops_fwd']:.0f} GFLOP/s), weight "
+    dense = dense_reference(args.nodes, args.features, max(3, args.repeats),
+                            torch.bfloat16 if args.autocast == "bf16" else torch.float32)
+    dense_dtype = "bfloat16" if args.autocast == "bf16" else "float32"
+    print(f"# torch.mm alone ({dense_dtype}), [N, F] x [F, F]: {dense['mm_fwd_s']:.3f}s "
+          f"({dense['gflops_fwd']:.0f} GFLOP/s), weight "
           f"gradient [F, N] x [N, F]: {dense['mm_wgrad_s']:.3f}s ({dense['gflops_wgrad']:.0f} GFLOP/s); one linear "
           f"layer's forward + backward at that rate: {dense['linear_fwd_bwd_s']:.3f}s (GCNConv has one, SAGEConv two)",
           flush=True)

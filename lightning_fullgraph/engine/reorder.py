@@ -11,7 +11,8 @@ later step.  The result equals the layer's own within floating-point reassociati
 Which order runs changes the width of the exchanged rows, so it is agreed by all ranks: the
 point's eligibility once (an input without gradient), then on every eligible call whether every
 rank sees the same input as last time.  Input dropout makes a new tensor every step: the layer
-then runs in its own order (aggregating :math:`XW` is the cheaper one then).
+then runs in its own order (aggregating :math:`XW` is the cheaper one then).  So it does under
+autocast, where the two orders round at different places.
 """
 import weakref
 from typing import Any, Callable, Optional
@@ -69,6 +70,11 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
         # validation after training steps then reuses their aggregate at once.
         same = not x.requires_grad and (
             seen.same(x) or last["eval" if phase == "train" else "train"].same(x))
+        # Under autocast the linear map rounds its output to 16 bits: (AX)W would round
+        # after aggregating and A(XW) rounds before, so the results differ by about as
+        # much as mixed precision changes them.  The layer then keeps its own order (one
+        # process's result); a rank under autocast votes against, so all ranks agree.
+        same = same and not torch.is_autocast_enabled(x.device.type)
         if not x.requires_grad:
             seen.remember(x)
         if not static.agreed_reuse(point, same):

@@ -1,7 +1,7 @@
 """Partitioned training under CPU autocast (``bfloat16`` mixed precision, what Lightning's
 ``precision="bf16-mixed"`` runs): the engine with the kernels gives what one process gives
-with the same kernels, up to where each rounds to ``bfloat16``, and the halo rows of a layer
-whose input is ``bfloat16`` travel as such.
+with the same kernels, to summation order (as close as PyG's own path is), and the halo rows of
+a layer whose input is ``bfloat16`` travel as such.
 """
 import copy
 
@@ -26,7 +26,6 @@ def _model(kind, in_channels, out_channels):
 
 def _train(model, data, backward, amp):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    losses = []
     for _ in range(EPOCHS):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
@@ -34,8 +33,7 @@ def _train(model, data, backward, amp):
             loss = F.cross_entropy(out[data.train_mask].float(), data.y[data.train_mask])
         backward(loss)
         opt.step()
-        losses.append(float(loss.detach()))
-    return losses, out.detach().float()
+    return out.detach().float()
 
 
 def _run(rank, world_size, kind, aggregation):
@@ -44,43 +42,54 @@ def _run(rank, world_size, kind, aggregation):
     part = build_local_partitions(data, parts)[rank]
     torch.manual_seed(1)
     ref = _model(kind, data.num_features, 4)
-    out = {}
+    runs = {}
     for amp in (False, True):
-        engine = FullGraphEngine(part, aggregation=aggregation)
+        engine = FullGraphEngine(part, aggregation=aggregation)  # static cache on (default)
         model = copy.deepcopy(ref)
         engine.attach(model)
         engine.use_kernels("auto")
-        losses, logits = _train(model, engine.data, engine.backward, amp)
-        total = engine.stats.total("forward")
-        out[amp] = dict(losses=losses, logits=logits, bytes=total.bytes_sent,
-                        params=[p.detach().clone() for p in model.parameters()],
-                        dtypes=[p.dtype for p in model.parameters()])
+        logits = _train(model, engine.data, engine.backward, amp)
+        runs["engine", amp] = dict(logits=logits, bytes=engine.stats.total("forward").bytes_sent,
+                                   params=[p.detach().clone() for p in model.parameters()])
         engine.detach()
-    single = copy.deepcopy(ref)
-    handle = K.accelerate(single, backend="auto")
-    _, single_logits = _train(single, data, lambda loss: loss.backward(), True)
-    handle.revert()
-    amp = out[True]
-    owned = part.owned_ids
+        single = copy.deepcopy(ref)
+        handle = K.accelerate(single, backend="auto")
+        runs["single", amp] = dict(logits=_train(single, data, lambda loss: loss.backward(), amp),
+                                   params=[p.detach().clone() for p in single.parameters()])
+        handle.revert()
+        plain = copy.deepcopy(ref)  # PyG's own path: another summation order in one process
+        runs["pyg", amp] = dict(logits=_train(plain, data, lambda loss: loss.backward(), amp),
+                                params=[p.detach().clone() for p in plain.parameters()])
+
+    def gap(a, b):
+        return max(float((p - q).abs().max()) for p, q in zip(runs[a]["params"], runs[b]["params"]))
+    engine, single = runs["engine", True], runs["single", True]
     return dict(
-        dtypes=amp["dtypes"], bytes_amp=amp["bytes"], bytes_fp32=out[False]["bytes"],
-        param_error=max(float((a - b).abs().max() / b.abs().max().clamp_min(1.0))
-                        for a, b in zip(amp["params"], [q.detach() for q in single.parameters()])),
-        logits_error=float((amp["logits"] - single_logits[owned]).abs().max()),
-        logits_scale=float(single_logits.abs().max()))
+        dtypes={p.dtype for p in model.parameters()},
+        bytes_amp=engine["bytes"], bytes_fp32=runs["engine", False]["bytes"],
+        error=gap(("engine", True), ("single", True)),
+        autocast_effect=gap(("single", True), ("single", False)),
+        order_noise=gap(("single", True), ("pyg", True)),
+        logits_error=float((engine["logits"] - single["logits"][part.owned_ids]).abs().max()),
+        logits_scale=float(single["logits"].abs().max()))
 
 
 @pytest.mark.parametrize("kind", ["gcn", "sage"])
 @pytest.mark.parametrize("aggregation", ["post", "hybrid"])
 def test_autocast_matches_one_process_with_the_same_kernels(kind, aggregation):
     for r in run_distributed(_run, 2, kind, aggregation):
-        assert all(d == torch.float32 for d in r["dtypes"])  # master weights stay float32
-        # The same mixed-precision computation up to where it rounds: the engine's static
-        # cache aggregates GCN's float32 features before the bfloat16 linear layer
-        # (A(XW) = (AX)W), sums run in another order.  Measured: parameters 2.4e-4 apart
-        # (relative), logits 3.9e-3; a bfloat16 ulp is 3.9e-3 relative.
-        assert r["param_error"] <= 2e-3, r
+        assert r["dtypes"] == {torch.float32}, r  # master weights stay float32
+        # Partitioned mixed precision is one process's mixed precision summed in another
+        # order: it differs from it about as much as PyG's own path does (whose sums run in
+        # yet another order; bfloat16 outputs then round differently here and there), and
+        # less than mixed precision differs from float32.  The engine's static cache keeps
+        # GCN's order under autocast (engine/reorder.py): reordered, GCN was 2.4e-4 away,
+        # 13x its order noise.
+        assert r["error"] <= 3 * r["order_noise"] + 1e-6, str(r)
+        assert r["error"] <= r["autocast_effect"] * 1.5, str(r)
         assert r["logits_error"] <= 2.0 ** -7 * max(1.0, r["logits_scale"]), r
-        # The second layer's input is a bfloat16 tensor under autocast, and its halo rows
-        # travel as such: fewer bytes than float32 rows (measured 0.57-0.73x).
-        assert r["bytes_amp"] < 0.8 * r["bytes_fp32"], r
+        if kind == "sage":
+            # Its second layer's input is bfloat16 under autocast, and the halo rows travel
+            # as such: fewer bytes (GCN sends more under autocast: its first layer then
+            # exchanges the linear map's output every step instead of the features once).
+            assert r["bytes_amp"] < 0.8 * r["bytes_fp32"], str(r)

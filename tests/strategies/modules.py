@@ -68,6 +68,15 @@ class NodeClassifier(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+class SGDClassifier(NodeClassifier):
+    r"""Plain SGD: a step is proportional to the gradient, so rounding differences stay as
+    small as they are (Adam normalises each coordinate: a near-zero gradient whose sign
+    flips with rounding moves its weight by a whole learning rate)."""
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
 class ManualClassifier(NodeClassifier):
     r"""Manual optimization with two backward passes before each step."""
 
