@@ -10,8 +10,10 @@ Usage::
 For each graph case and feature width F it times a forward and a forward+backward of an
 unweighted sum aggregation (``out[d] = sum_{(s,d)} x[s]``) for every contender (PyG's
 gather-scatter, ``torch.sparse.mm`` on CSR, torch-scatter's ``segment_csr`` if installed,
-ours, and ours validating its CSR on every call), each with the same warm-up and the same
-number of repeats R, reporting the best and the median of R.
+ours, ours validating its CSR on every call, and ``ours_bf16``: ours on bfloat16 rows, the
+rows a layer's linear map gives under autocast, summed in float32; its byte counts use 2-byte
+rows), each with the same warm-up and the same number of repeats R, reporting the best and
+the median of R.
 
 The forward's bandwidth is reported under two byte counts:
 
@@ -200,7 +202,7 @@ def byte_models(csr, f: int, itemsize: int = 4, weighted: bool = False) -> dict:
     """Bytes of one forward under the two models (see the module docstring)."""
     n, e = csr.num_dst, csr.num_edges
     used = int(torch.count_nonzero(torch.bincount(csr.col.long(), minlength=csr.num_src)))
-    per_edge = e * f * 4 + n * f * 4 + e * 8 + n * 8
+    per_edge = e * f * itemsize + n * f * itemsize + e * 8 + n * 8
     minimum = (used * f * itemsize + n * f * itemsize + csr.rowptr.numel() * csr.rowptr.element_size()
                + e * csr.col.element_size() + (e * itemsize if weighted else 0))
     return dict(per_edge=per_edge, minimum=minimum, used_sources=used)
@@ -275,6 +277,24 @@ def make_methods(edge_index: torch.Tensor, n: int):
         return K.aggregate(x, g, None, "sum", n, backend="auto")
 
     methods["ours_check_every_call"] = fresh_views
+
+    # Ours on bfloat16 rows (mixed precision: what a layer's linear map gives under
+    # autocast), summed in float32, a bfloat16 output; the copy of x (and of the fwd+bwd
+    # leaf, whose gradient is bfloat16 too) is made once per input, untimed after the warm-up.
+    halves: Dict[tuple, torch.Tensor] = {}
+
+    def bf16_rows(x):
+        key = (id(x), x.data_ptr(), tuple(x.shape), x.requires_grad)
+        if key not in halves:
+            if len(halves) >= 2:
+                halves.clear()
+            xh = x.detach().to(torch.bfloat16)
+            halves[key] = xh.requires_grad_() if x.requires_grad else xh
+        xh = halves[key]
+        xh.grad = None
+        return K.aggregate(xh, csr, None, "sum", n, backend="auto")
+
+    methods["ours_bf16"] = bf16_rows
     return methods
 
 
@@ -290,7 +310,7 @@ def _validation_pass_times(csr, repeats: int) -> Optional[List[float]]:
 
 def _fwd_bwd(fn: Callable, xg: torch.Tensor, grad: torch.Tensor) -> None:
     out = fn(xg)
-    out.backward(grad)
+    out.backward(grad.to(out.dtype))
     xg.grad = None
 
 
@@ -333,13 +353,15 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
         xg = x.clone().requires_grad_()
         grad = torch.randn(n, f)
         models = byte_models(csr, f)
+        models_bf16 = byte_models(csr, f, itemsize=2)
         # Bandwidths again for this F, right before its timings (the load moves).
         bwf = bandwidths(repeats=5)
         bwf["gather"] = random_row_read(x, repeats=3)
         active = []
         for mname, fn in methods.items():
+            m = models_bf16 if mname.endswith("_bf16") else models
             row = dict(case=name, nodes=n, edges=e, F=f, method=mname, repeats=args.repeats, warmup=1,
-                       per_edge_bytes=models["per_edge"], minimum_bytes=models["minimum"],
+                       per_edge_bytes=m["per_edge"], minimum_bytes=m["minimum"],
                        used_sources=models["used_sources"], threads=bwf["threads"],
                        copy_best_gbs=bwf["copy_best"] / 1e9, read_best_gbs=bwf["read_best"] / 1e9,
                        torch_gather_gbs=bwf["gather"] / 1e9, load_avg_before=os.getloadavg()[0], **locality_info)
@@ -382,7 +404,7 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
             row.update(fwd_best_s=f_best, fwd_median_s=f_med, fwd_times_s=fwd, fwd_bwd_best_s=fb_best,
                        fwd_bwd_median_s=fb_med, fwd_bwd_times_s=fb or None, load_avg_after=os.getloadavg()[0])
             for model in ("per_edge", "minimum"):
-                gbs = models[model] / f_best / 1e9
+                gbs = row[f"{model}_bytes"] / f_best / 1e9
                 row[f"{model}_gbs"] = gbs
                 row[f"{model}_pct_copy"] = 100 * gbs / row["copy_best_gbs"]
                 row[f"{model}_pct_read"] = 100 * gbs / row["read_best_gbs"]
@@ -615,7 +637,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                    help=f"feature widths for every case (default per case: {CASE_FEATURES})")
     p.add_argument("--methods", nargs="+",
                    default=["pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_own_order", "ours_kernel_in_order",
-                            "ours_check_every_call"])
+                            "ours_check_every_call", "ours_bf16"])
     p.add_argument("--repeats", type=int, default=3, help="timed runs per contender (after one warm-up), all alike")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end GCN/GraphSAGE epochs")

@@ -23,7 +23,7 @@ def test_quick_torus_run(tmp_path):
     out, png = tmp_path / "k.json", tmp_path / "k.png"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--cases", "torus", "--features", "16", "--methods", "ours",
-         "ours_own_order", "ours_kernel_in_order", "--repeats", "1", "--no-e2e", "--no-print-json", "--json",
+         "ours_own_order", "ours_kernel_in_order", "ours_bf16", "--repeats", "1", "--no-e2e", "--no-print-json", "--json",
          str(out), "--plot", str(png)],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -31,7 +31,10 @@ def test_quick_torus_run(tmp_path):
     (case,) = res["cases"]
     assert case["reordered"] and case["locality_score_used"] > case["locality_score_own"] + 0.25
     methods = {r["method"]: r for r in res["aggregation"]}
-    assert set(methods) == {"ours", "ours_own_order", "ours_kernel_in_order"}
+    assert set(methods) == {"ours", "ours_own_order", "ours_kernel_in_order", "ours_bf16"}
     for r in methods.values():
         assert r["fwd_best_s"] > 0 and r["minimum_bytes"] < r["per_edge_bytes"] and r["torch_gather_gbs"] > 0
+    # bfloat16 rows: 2 bytes per feature in both byte counts, and a backward that ran
+    assert methods["ours_bf16"]["minimum_bytes"] < methods["ours"]["minimum_bytes"]
+    assert methods["ours_bf16"]["fwd_bwd_best_s"] > 0
     assert "| torus" in proc.stdout and png.stat().st_size > 0
