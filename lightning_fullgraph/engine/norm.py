@@ -105,7 +105,11 @@ def mode_gcn_norm(router, mode: str, edge_index: Tensor, edge_weight: Optional[T
         graph_key = (mode, "self-loops", device)
         looped = router.cached_graph(graph_key)
         if looped is None:
-            looped, weight = add_remaining_self_loops(index, weight, fill, n)
+            looped = _plan_looped(router.plan(mode), index, n)
+            if looped is None:
+                looped, weight = add_remaining_self_loops(index, weight, fill, n)
+            elif weight is not None:
+                weight = _self_loop_values(index, weight, fill, n)
             looped = router.canonical_graph(graph_key, looped, mode)
         elif weight is not None:
             weight = _self_loop_values(index, weight, fill, n)
@@ -117,6 +121,19 @@ def mode_gcn_norm(router, mode: str, edge_index: Tensor, edge_weight: Optional[T
     if weight is not None:  # unit weights: the product is the same without them
         norm = norm * weight
     return index, norm * dis_dst[index[1]]
+
+
+def _plan_looped(plan, index: Tensor, n: int) -> Optional[Tensor]:
+    r"""``add_remaining_self_loops(index, num_nodes=n)``'s edge list without a copy: the plan's
+    buffer that :obj:`index` begins (:attr:`AggregationPlan.looped`), when :obj:`index` is that
+    very storage and has no self-loops of its own (else :obj:`None`)."""
+    looped = getattr(plan, "looped", None)
+    if looped is None or index.device != looped.device or index.size(1) + n != looped.size(1) \
+            or index.data_ptr() != looped.data_ptr() or index.stride() != looped.stride():
+        return None
+    if bool((index[0] == index[1]).any()):
+        return None  # add_remaining_self_loops drops those and re-adds one per node
+    return looped
 
 
 def _owned_degree(edge_index: Tensor, edge_weight: Optional[Tensor], fill: float, n: int,

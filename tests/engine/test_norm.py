@@ -59,6 +59,31 @@ def test_shared_in_edge_list_is_not_taken_for_a_mode_graph():
     assert router.graph_mode(lp.edge_index) is None
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "pre"])
+def test_looped_edge_list_is_the_plans_buffer_not_a_copy(mode):
+    # The mode's edges and the self-loops gcn_norm appends share one storage; the result is
+    # exactly add_remaining_self_loops'.  With a self-loop of its own the copy is made.
+    from lightning_fullgraph.data import load_cora
+    from lightning_fullgraph.engine.norm import _plan_looped
+    from lightning_fullgraph.partition import metis_partition
+    data = load_cora()
+    parts = metis_partition(data.edge_index, data.num_nodes, 3, seed=0)
+    lp = build_local_partitions(data, parts)[1]
+    plan = lp.plan(mode)
+    index, n = plan.edge_index, lp.num_owned
+    looped = _plan_looped(plan, index, n)
+    assert looped is not None and looped.untyped_storage().data_ptr() == \
+        index.untyped_storage().data_ptr()
+    assert torch.equal(looped, add_remaining_self_loops(index, None, 1., n)[0])
+    copy = index.clone()
+    assert _plan_looped(plan, copy, n) is None  # another storage
+    with_loop = plan.looped.clone()
+    own = SimpleNamespace(looped=with_loop)
+    view = with_loop[:, :index.size(1)]
+    view[1, 0] = view[0, 0]  # the first edge becomes a self-loop
+    assert int(view[0, 0]) < n and _plan_looped(own, view, n) is None
+
+
 def _normalized_weights(rank, world_size, options):
     from torch_geometric.nn import GCNConv
 
