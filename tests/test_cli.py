@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightning_fullgraph.cli import build_parser, main
+from lightning_fullgraph.kernels.cpp import ext_root
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,8 +53,10 @@ def test_bad_dataset_is_a_clear_error(capsys):
 
 
 def _cli(tmp_path, *args, **env):
+    # A fresh partition cache, but the kernels this interpreter already compiled (a cache of
+    # their own would compile them again in every test).
     env = dict(os.environ, LIGHTNING_FULLGRAPH_CACHE=str(tmp_path / "cache"),
-               PYTHONPATH=str(ROOT), **env)
+               LIGHTNING_FULLGRAPH_EXT_DIR=str(ext_root()), PYTHONPATH=str(ROOT), **env)
     return subprocess.run([sys.executable, "-m", "lightning_fullgraph.cli", *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
 

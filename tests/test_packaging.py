@@ -171,6 +171,7 @@ def fake_build(monkeypatch, tmp_path):
     monkeypatch.setattr(cpp, "_module", None)
     monkeypatch.setattr(cpp, "_failed", False)
     monkeypatch.setenv("LIGHTNING_FULLGRAPH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LIGHTNING_FULLGRAPH_EXT_DIR", raising=False)
     monkeypatch.delenv("LIGHTNING_FULLGRAPH_NO_EXT", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     calls = []

@@ -108,9 +108,19 @@ def build_dir(src: Path, sources: Sequence[str] = _SOURCES) -> Path:
     h.update(torch.__version__.encode())
     h.update(_cpu_tag().encode())
     h.update(_include_tag().encode())
+    return ext_root() / h.hexdigest()[:16]
+
+
+def ext_root() -> Path:
+    """Where compiled kernels live: ``$LIGHTNING_FULLGRAPH_EXT_DIR`` if set (e.g. a node-local
+    disk while partitions go to shared storage), else ``ext/`` in the library's cache
+    (``$LIGHTNING_FULLGRAPH_CACHE``, default ``~/.cache/lightning_fullgraph``)."""
+    explicit = os.environ.get("LIGHTNING_FULLGRAPH_EXT_DIR")
+    if explicit:
+        return Path(explicit)
     root = Path(os.environ.get("LIGHTNING_FULLGRAPH_CACHE",
                                Path.home() / ".cache" / "lightning_fullgraph"))
-    return root / "ext" / h.hexdigest()[:16]
+    return root / "ext"
 
 
 def _stage_sources(src: Path, bdir: Path, sources: Sequence[str] = _SOURCES) -> List[Path]:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from lightning_fullgraph.kernels.cpp import ext_root
+
 ROOT = Path(__file__).resolve().parents[2]
 CI = os.environ.get("LIGHTNING_FULLGRAPH_CI", "0").lower() not in ("", "0", "false", "no")
 
@@ -35,8 +37,11 @@ def _script_or_skip(name, why):
 
 
 def _run_process(cmd, tmp_path, timeout=400):
+    # A fresh partition cache, but the kernels this interpreter already compiled: a cache
+    # of their own would compile them again in every test (about 40 s each).
     env = dict(os.environ, LIGHTNING_FULLGRAPH_CACHE=str(tmp_path / "cache"),
-               PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+               LIGHTNING_FULLGRAPH_EXT_DIR=str(ext_root()), PYTHONPATH=str(ROOT),
+               OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
