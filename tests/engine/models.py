@@ -93,6 +93,14 @@ def skewed_graph(num_nodes: int = 120, num_features: int = 8, num_classes: int =
                 edge_attr=torch.randn(num_edges, EDGE_DIM, generator=g))
 
 
+def rank_partition(rank: int, world_size: int):
+    r""":func:`skewed_graph` and this rank's part of its METIS partition (seed 0)."""
+    from lightning_fullgraph.partition import build_local_partitions, metis_partition
+    data = skewed_graph()
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    return data, build_local_partitions(data, parts)[rank]
+
+
 def layer_exchange(exchange, x, key: str = "probe", training: bool = True):
     r"""``exchange.extend(x)`` as a partitioned layer in :obj:`training` mode calls it (the
     cache, the pipeline and boundary sampling act only on training exchanges)."""

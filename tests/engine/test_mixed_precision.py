@@ -12,10 +12,9 @@ from torch_geometric.nn.models import GCN, GraphSAGE
 
 from lightning_fullgraph import kernels as K
 from lightning_fullgraph.engine import FullGraphEngine
-from lightning_fullgraph.partition import build_local_partitions, metis_partition
 from lightning_fullgraph.testing import run_distributed
 
-from .models import skewed_graph
+from .models import rank_partition
 
 EPOCHS = 3
 
@@ -37,9 +36,7 @@ def _train(model, data, backward, amp):
 
 
 def _run(rank, world_size, kind, aggregation):
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    part = build_local_partitions(data, parts)[rank]
+    data, part = rank_partition(rank, world_size)
     torch.manual_seed(1)
     ref = _model(kind, data.num_features, 4)
     runs = {}

@@ -14,10 +14,9 @@ from torch_geometric.nn import GCNConv, SAGEConv, TAGConv
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 
 from lightning_fullgraph.engine import FullGraphEngine
-from lightning_fullgraph.partition import build_local_partitions, metis_partition
 from lightning_fullgraph.testing import run_distributed
 
-from .models import skewed_graph
+from .models import rank_partition
 
 EPOCHS = 4
 
@@ -42,12 +41,6 @@ def _model(kind, in_channels, out_channels, dropout):
     return TAG(in_channels, out_channels)
 
 
-def _rank_partition(rank, world_size):
-    data = skewed_graph()
-    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    return data, build_local_partitions(data, parts)[rank]
-
-
 def _reference(kind, data):
     torch.manual_seed(1)
     return _model(kind, data.num_features, 4, 0.0)
@@ -69,7 +62,7 @@ def _train(model, data, epochs, input_dropout, backward):
 
 
 def _run(rank, world_size, kind, aggregation, input_dropout):
-    data, part = _rank_partition(rank, world_size)
+    data, part = rank_partition(rank, world_size)
     ref = _reference(kind, data)
     out = {}
     for cache in (False, True):
@@ -126,7 +119,7 @@ def test_input_dropout_reuses_nothing(kind):
 
 
 def _in_place(rank, world_size):
-    data, part = _rank_partition(rank, world_size)
+    data, part = rank_partition(rank, world_size)
     torch.manual_seed(1)
     conv = SAGEConv(data.num_features, 4)
     engine = FullGraphEngine(part)
@@ -146,7 +139,7 @@ def _in_place(rank, world_size):
 
 
 def _fresh_views(rank, world_size):
-    data, part = _rank_partition(rank, world_size)
+    data, part = rank_partition(rank, world_size)
     conv = SAGEConv(data.num_features, 4)
     engine = FullGraphEngine(part)
     engine.attach(conv)
@@ -174,7 +167,7 @@ def test_in_place_edit_is_not_served_stale():
 
 
 def _edited_weight(rank, world_size):
-    data, part = _rank_partition(rank, world_size)
+    data, part = rank_partition(rank, world_size)
     torch.manual_seed(1)
     conv = GCNConv(data.num_features, 4)
     engine = FullGraphEngine(part, aggregation="post")
@@ -206,7 +199,7 @@ def test_changed_edge_values_are_refused_not_served_stale():
 
 
 def _dropout_gives_up(rank, world_size):
-    data, part = _rank_partition(rank, world_size)
+    data, part = rank_partition(rank, world_size)
     conv = SAGEConv(data.num_features, 4)
     engine = FullGraphEngine(part)
     engine.attach(conv)
@@ -224,7 +217,7 @@ def test_new_input_every_step_stops_the_checks():
 
 def _phases(rank, world_size, kind):
     # Training steps, each followed by a validation forward on the same features.
-    data, part = _rank_partition(rank, world_size)
+    data, part = rank_partition(rank, world_size)
     ref = _reference(kind, data)
     out = {}
     for cache in (True, False):
@@ -278,7 +271,7 @@ def test_validation_shares_the_training_aggregate(kind):
 def _sampled(rank, world_size, kind):
     from torch_geometric.nn.conv.gcn_conv import gcn_norm
     from torch_geometric.utils import scatter
-    data, part = _rank_partition(rank, world_size)
+    data, part = rank_partition(rank, world_size)
     engine = FullGraphEngine(part, sampling=0.5)
     model = _reference(kind, data)
     engine.attach(model)
@@ -317,7 +310,7 @@ def test_boundary_sampling_keeps_the_exact_aggregate_of_static_inputs(kind):
 
 def _mixed_gradients(rank, world_size):
     from lightning_fullgraph.engine import HaloCache
-    data, part = _rank_partition(rank, world_size)
+    data, part = rank_partition(rank, world_size)
     conv = SAGEConv(data.num_features, 4)
     engine = FullGraphEngine(part, sampling=0.5, cache=HaloCache(0.0), aggregation="post")
     engine.attach(conv)
