@@ -335,6 +335,20 @@ Grid make_grid(const int64_t* rowptr, int64_t n, int64_t F, int64_t max_row) {
   return g;
 }
 
+// Runs fn(r0, r1, f_begin, f_end) for every (row chunk, feature group) task of the grid,
+// dynamically scheduled over the OpenMP threads.
+template <typename Fn>
+void for_each_task(const Grid& g, int64_t F, const Fn& fn) {
+  const int64_t chunks = static_cast<int64_t>(g.splits.size()) - 1;
+  const int64_t tasks = chunks * g.fgroups;
+_Pragma("omp parallel for schedule(dynamic, 1)")
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t c = t / g.fgroups, fg = t % g.fgroups;
+    const int64_t fb = fg * g.fwidth, fe = std::min<int64_t>(F, fb + g.fwidth);
+    fn(g.splits[c], g.splits[c + 1], fb, fe);
+  }
+}
+
 // ---------------------------------------------------------------- validation
 // Every kernel reads x[col[e]] for e in [rowptr[r], rowptr[r + 1]) without bounds checks,
 // so a CSR that breaks an invariant would read (or, for edge_dot, write) out of bounds.
@@ -536,16 +550,10 @@ void run_csr_sum(const torch::Tensor& rowptr, const torch::Tensor& col, const to
     const acc_t* wp = w.defined() ? w.data_ptr<acc_t>() : nullptr;
     const scalar_t* xp = x.data_ptr<scalar_t>();
     out_t* op = out.data_ptr<out_t>();
-    Grid g = make_grid<scalar_t>(rp, n, F, max_row);
-    const int64_t chunks = static_cast<int64_t>(g.splits.size()) - 1;
-    const int64_t tasks = chunks * g.fgroups;
-_Pragma("omp parallel for schedule(dynamic, 1)")
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t c = t / g.fgroups, fg = t % g.fgroups;
-      const int64_t fb = fg * g.fwidth, fe = std::min<int64_t>(F, fb + g.fwidth);
-      sum_segment<scalar_t, out_t, index_t>(rp, cp, wp, xp, op, F, g.splits[c], g.splits[c + 1],
-                                            fb, fe, mean, nnz);
-    }
+    for_each_task(make_grid<scalar_t>(rp, n, F, max_row), F,
+                  [&](int64_t r0, int64_t r1, int64_t fb, int64_t fe) {
+                    sum_segment<scalar_t, out_t, index_t>(rp, cp, wp, xp, op, F, r0, r1, fb, fe, mean, nnz);
+                  });
   });
 }
 }  // namespace
@@ -647,24 +655,17 @@ std::vector<torch::Tensor> csr_max(torch::Tensor rowptr, torch::Tensor col,
       scalar_t* op = out.data_ptr<scalar_t>();
       int64_t* ap = arg.data_ptr<int64_t>();
       constexpr int FB = 32;
-      Grid g = make_grid<scalar_t>(rp, n, F, max_row);
-      const int64_t chunks = static_cast<int64_t>(g.splits.size()) - 1;
-      const int64_t tasks = chunks * g.fgroups;
-_Pragma("omp parallel for schedule(dynamic, 1)")
-      for (int64_t t = 0; t < tasks; ++t) {
-        const int64_t c = t / g.fgroups, fg = t % g.fgroups;
-        const int64_t fb = fg * g.fwidth, fe = std::min<int64_t>(F, fb + g.fwidth);
-        int64_t f0 = fb;
-        for (; f0 + FB <= fe; f0 += FB)
-          max_rows<scalar_t, index_t, FB>(rp, cp, wp, xp, op, ap, F, g.splits[c], g.splits[c + 1], f0,
-                                           col.numel());
-        for (; f0 + 8 <= fe; f0 += 8)
-          max_rows<scalar_t, index_t, 8>(rp, cp, wp, xp, op, ap, F, g.splits[c], g.splits[c + 1], f0,
-                                          col.numel());
-        if (f0 < fe)
-          max_rows_tail<scalar_t, index_t>(rp, cp, wp, xp, op, ap, F, g.splits[c], g.splits[c + 1], f0,
-                                           fe - f0);
-      }
+      const int64_t nnz = col.numel();
+      for_each_task(make_grid<scalar_t>(rp, n, F, max_row), F,
+                    [&](int64_t r0, int64_t r1, int64_t fb, int64_t fe) {
+                      int64_t f0 = fb;
+                      for (; f0 + FB <= fe; f0 += FB)
+                        max_rows<scalar_t, index_t, FB>(rp, cp, wp, xp, op, ap, F, r0, r1, f0, nnz);
+                      for (; f0 + 8 <= fe; f0 += 8)
+                        max_rows<scalar_t, index_t, 8>(rp, cp, wp, xp, op, ap, F, r0, r1, f0, nnz);
+                      if (f0 < fe)
+                        max_rows_tail<scalar_t, index_t>(rp, cp, wp, xp, op, ap, F, r0, r1, f0, fe - f0);
+                    });
     });
   });
   return {out, arg};
