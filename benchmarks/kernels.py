@@ -42,9 +42,13 @@ the node order of ``lightning_fullgraph.kernels.locality`` recovers, and its tab
 in that order (default) and in the graph's own order. ``--plot PATH`` draws the bandwidth
 shares and speed-ups.
 
-Tip: ``THP_MEM_ALLOC_ENABLE=1`` makes PyTorch back large CPU tensors with transparent
-huge pages, which removes most TLB misses of the random row gather (and raises the
-measured copy bandwidth as well); the table records whether it was set.
+Huge pages: loading the C++ kernels installs their huge-page CPU allocator
+(``lightning_fullgraph.kernels.huge_pages``), which backs large tensors with transparent huge
+pages and removes most TLB misses of the random row gather (and raises the measured copy
+bandwidth as well). The script loads the kernels first, so every contender runs in the same
+regime; ``LIGHTNING_FULLGRAPH_HUGE_PAGES=0`` measures them all in 4 KiB pages instead
+(``THP_MEM_ALLOC_ENABLE=1``, torch's own switch, has the effect of the allocator). The table
+records which was in effect.
 """
 from __future__ import annotations
 
@@ -664,12 +668,14 @@ def main(argv: Optional[List[str]] = None) -> dict:
     build_s = time.perf_counter() - t
     info = dict(python=sys.version.split()[0], torch=torch.__version__, threads=torch.get_num_threads(),
                 cpus=os.cpu_count(), cpu=platform.processor() or platform.machine(), cpp_available=have_cpp,
-                ext_load_s=build_s, thp_mem_alloc=os.environ.get("THP_MEM_ALLOC_ENABLE", "0"), quick=args.quick,
+                ext_load_s=build_s, thp_mem_alloc=os.environ.get("THP_MEM_ALLOC_ENABLE", "0"),
+                huge_pages=K.huge_pages_info(), quick=args.quick,
                 repeats=args.repeats, warmup=1, argv=sys.argv[1:] if argv is None else list(argv),
                 load_avg_start=os.getloadavg())
     print(f"# torch {torch.__version__}, {info['threads']} threads on {info['cpus']} CPUs, load average "
           f"{info['load_avg_start'][0]:.2f}, cpp kernels: {have_cpp} (load {build_s:.1f}s), "
-          f"THP_MEM_ALLOC_ENABLE={info['thp_mem_alloc']}; every contender: 1 warm-up + best/median of "
+          f"THP_MEM_ALLOC_ENABLE={info['thp_mem_alloc']}, huge-page allocator: "
+          f"{'on' if info['huge_pages']['active'] else 'off'}; every contender: 1 warm-up + best/median of "
           f"{args.repeats}")
     rows: List[dict] = []
     case_info: List[dict] = []

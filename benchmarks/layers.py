@@ -41,8 +41,10 @@ does: the linear layers then run in bfloat16, and GCN aggregates their bfloat16 
 (with float32 edge weights, so its sums are float32, as in PyG). Outputs are compared with
 PyG's within ``CHECK_TOL_AMP``.
 
-Tip: ``THP_MEM_ALLOC_ENABLE=1`` backs large CPU tensors with transparent huge pages (see
-``benchmarks/kernels.py``); the JSON records whether it was set.
+Huge pages: the script loads the C++ kernels first, which installs their huge-page CPU
+allocator (see ``benchmarks/kernels.py``), so PyG's path and ours both run with large tensors
+in transparent huge pages; ``LIGHTNING_FULLGRAPH_HUGE_PAGES=0`` measures both in 4 KiB pages.
+The JSON records which was in effect.
 """
 from __future__ import annotations
 
@@ -370,7 +372,8 @@ def machine_info(args: argparse.Namespace, argv: Optional[List[str]]) -> dict:
     return dict(python=sys.version.split()[0], torch=torch.__version__, torch_geometric=torch_geometric.__version__,
                 threads=torch.get_num_threads(), cpus=os.cpu_count(), cpu=platform.processor() or platform.machine(),
                 cpp_available=have_cpp, ext_load_s=time.perf_counter() - t,
-                thp_mem_alloc=os.environ.get("THP_MEM_ALLOC_ENABLE", "0"), mem_available_gib=mem_available() / 2**30,
+                thp_mem_alloc=os.environ.get("THP_MEM_ALLOC_ENABLE", "0"), huge_pages=K.huge_pages_info(),
+                mem_available_gib=mem_available() / 2**30,
                 repeats=args.repeats, warmup=1, argv=sys.argv[1:] if argv is None else list(argv),
                 load_avg_start=os.getloadavg())
 
@@ -415,7 +418,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
                  max_in_degree=int(torch.bincount(ei[1], minlength=args.nodes).max()))
     print(f"# torch {info['torch']}, PyG {info['torch_geometric']}, {info['threads']} threads on {info['cpus']} CPUs, "
           f"load {info['load_avg_start'][0]:.2f}, cpp kernels: {info['cpp_available']}, "
-          f"THP_MEM_ALLOC_ENABLE={info['thp_mem_alloc']}; graph N={args.nodes:,} E={args.edges:,} "
+          f"THP_MEM_ALLOC_ENABLE={info['thp_mem_alloc']}, huge-page allocator: "
+          f"{'on' if info['huge_pages']['active'] else 'off'}; graph N={args.nodes:,} E={args.edges:,} "
           f"F={args.features} (max in-degree {graph['max_in_degree']:,}); 1 warm-up + best/median of {args.repeats}",
           flush=True)
     dense = dense_reference(args.nodes, args.features, max(3, args.repeats),

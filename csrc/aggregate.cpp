@@ -16,6 +16,7 @@
 //    rowptr, times feature groups when there are too few row blocks (tiny or
 //    extremely skewed graphs). Dynamic scheduling absorbs the remaining imbalance.
 #include <torch/extension.h>
+#include "huge_pages.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -785,6 +786,11 @@ int64_t check_csr(torch::Tensor rowptr, torch::Tensor col, int64_t num_src) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_prefetch_distance", &set_prefetch_distance, "edges prefetched ahead (tuning)");
   m.def("clear_pool", &pool::clear, "release pooled output buffers");
+  m.def("install_huge_pages", &huge_pages::install, "huge-page CPU allocator for tensors of >= threshold bytes");
+  m.def("uninstall_huge_pages", &huge_pages::uninstall, "torch's default CPU allocator back");
+  m.def("huge_pages_installed", &huge_pages::installed, "whether the huge-page allocator is installed");
+  m.def("huge_pages_stats", &huge_pages::stats, "[large allocations, their bytes] so far");
+  m.def("collapse_huge_pages", &huge_pages::collapse, "MADV_COLLAPSE a range; 0 or errno");
   m.def("counting_sort_perm", &counting_sort_perm, "stable counting-sort permutation");
   m.def("set_validation_cache_size", &vcache::set_capacity,
         "number of validated (rowptr, col) pairs remembered (0: validate on every call)");

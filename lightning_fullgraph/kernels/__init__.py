@@ -9,12 +9,15 @@ Quick start::
     handle = K.accelerate(model)  # or wrap one model explicitly; handle.revert()
     out = K.aggregate(x, edge_index, edge_weight, "mean", num_dst)  # raw op
     K.set_locality("off")         # keep every graph's own node order (default "auto")
+    K.set_huge_pages("on")        # large CPU tensors in 2 MiB pages now (default "auto":
+                                  # from the first use of the C++ kernels on)
 
 Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
 """
 from .backend import BACKENDS, current, resolve, use
 from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr
 from .functional import aggregate
+from .huge_pages import get_huge_pages, huge_pages_info, set_huge_pages
 from .locality import NodeOrder, get_locality, locality_score, set_locality
 from .pyg import AccelerationHandle, accelerate, is_accelerated, register_layer, registered_layers
 
@@ -38,6 +41,9 @@ __all__ = [
     "get_locality",
     "locality_score",
     "NodeOrder",
+    "set_huge_pages",
+    "get_huge_pages",
+    "huge_pages_info",
     "cpp_available",
 ]
 

@@ -11,9 +11,11 @@ never touches CUDA (``with_cuda=False``). When the sources are missing, no compi
 is available, or ``LIGHTNING_FULLGRAPH_NO_EXT=1`` is set, :func:`load` returns
 ``None`` after a single warning and callers use the pure-PyTorch reference.
 
-Large outputs come from a small pool of recycled, huge-page-advised buffers inside the
-extension (first-touch page faults of a fresh 512 MiB output otherwise cost as much as the
-aggregation). ``LIGHTNING_FULLGRAPH_POOL_MB`` caps the idle pooled memory (default 2048,
+Loading the extension also installs its huge-page CPU allocator for large tensors
+(:mod:`.huge_pages`; ``LIGHTNING_FULLGRAPH_HUGE_PAGES=0`` keeps torch's). Large outputs come
+from a small pool of recycled, huge-page-advised buffers inside the extension (first-touch
+page faults of a fresh 512 MiB output otherwise cost as much as the aggregation).
+``LIGHTNING_FULLGRAPH_POOL_MB`` caps the idle pooled memory (default 2048,
 ``0`` disables pooling); :func:`lightning_fullgraph.kernels.clear_cache` releases it.
 """
 from __future__ import annotations
@@ -37,7 +39,7 @@ __all__ = ["load", "is_available", "build_extension", "source_dir", "build_dir",
            "disabled_by_env"]
 
 _ENV_NO_EXT = "LIGHTNING_FULLGRAPH_NO_EXT"
-_SOURCES = ("aggregate.cpp",)
+_SOURCES = ("aggregate.cpp", "huge_pages.cpp")
 _NAME = "lightning_fullgraph_cpu_aggr"
 
 _lock = threading.Lock()
@@ -272,12 +274,16 @@ def load(verbose: bool = False) -> Optional[ModuleType]:
         if _module is not None or _failed:
             return _module
         try:
-            _module = build_extension(_NAME, _SOURCES, _cflags(), "aggregation kernels",
-                                      verbose, expected="about a minute")
+            module = build_extension(_NAME, _SOURCES, _cflags(), "aggregation kernels",
+                                     verbose, expected="about a minute")
         except Exception as exc:  # compiler missing, ninja missing, build error, ...
             _failed = True
             unavailable("aggregation kernels", exc)
             return None
+        from . import huge_pages
+
+        _module = module  # before the allocator is installed: huge_pages asks cpp._module
+        huge_pages._on_kernels_loaded(module)
     return _module
 
 

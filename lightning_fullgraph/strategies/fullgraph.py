@@ -188,6 +188,7 @@ class FullGraphStrategy(DDPStrategy):
         self._taken_over: Optional[Tuple[Any, Any]] = None
         self._group: Optional[Any] = None
         self._signals: Optional[DeferredSignals] = None
+        self._huge_pages: Optional[Any] = None  # kernels.huge_pages.HugePagesHandle
 
     # -- environment -----------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -199,6 +200,10 @@ class FullGraphStrategy(DDPStrategy):
             threads = self.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(threads)
         self._add_callbacks()
+        if self.kernels in ("auto", "cpp") and self.root_device.type == "cpu":
+            # Before the data is set up, so that the partition's features land in huge pages.
+            from ..kernels import huge_pages
+            self._huge_pages = huge_pages.enable_for_kernels()
         # Here, before the Trainer calls any data hook (prepare_data comes next).
         self._take_over_data()
 
@@ -455,6 +460,9 @@ class FullGraphStrategy(DDPStrategy):
     def teardown(self) -> None:
         if self.engine is not None:
             self.engine.detach()
+        if self._huge_pages is not None:
+            self._huge_pages.revert()
+            self._huge_pages = None
         super().teardown()
 
     @classmethod

@@ -2,6 +2,7 @@
 import copy
 import os
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,16 @@ def _reference(data, epochs, conv="gcn", manual=False):
     return module, float(accs[-1]), out
 
 
+class _HugePagesProbe(pl.Callback):
+    """Records whether the huge-page allocator is installed while the model trains."""
+
+    active = None
+
+    def on_train_start(self, trainer, pl_module):
+        from lightning_fullgraph.kernels import huge_pages
+        self.active = huge_pages.is_active()
+
+
 def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
     from lightning_fullgraph import FullGraphDataModule
     data = skewed_graph()
@@ -60,13 +71,16 @@ def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
     module = (ManualClassifier if mode == "manual" else NodeClassifier)(
         data.num_features, 4, conv=conv)
     dm = FullGraphDataModule(data, cache_dir=os.path.join(tmp, "cache"))
-    trainer = _trainer(world_size, tmp, kernels)
+    trainer = _trainer(world_size, tmp, kernels, callbacks=[_HugePagesProbe()])
     if mode == "compile":
         # The model inside the LightningModule is compiled. (Compiling the whole module,
         # trainer.fit(torch.compile(module)), fails in plain single-device Lightning 2.6.6 with
         # torch 2.13 too: dynamo then traces training_step and breaks on self.log.)
         module.model = torch.compile(module.model, backend="aot_eager")
     trainer.fit(module, datamodule=dm)
+    from lightning_fullgraph.kernels import huge_pages
+    huge = dict(during=trainer.callbacks[0].active, after=huge_pages.is_active(),
+                possible=huge_pages._why_not() is None and not huge_pages._torch_does_it())
     params = {name: float((p - q).abs().max()) for (name, p), q in
               zip(module.named_parameters(), ref.parameters())}
     val_acc = float(trainer.callback_metrics["val_acc"])
@@ -75,7 +89,7 @@ def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
     return dict(params=params, val_acc=val_acc, ref_acc=ref_acc,
                 logits=float((logits - ref_logits).abs().max()),
                 logits_shape=tuple(logits.shape), owned=dm.partition.num_owned,
-                comm=None if comm is None else float(comm))
+                comm=None if comm is None else float(comm), huge=huge)
 
 
 @pytest.mark.multiprocess
@@ -97,6 +111,9 @@ def test_trainer_matches_single_process(tmp_path, world_size, kernels, conv, mod
         assert r["logits_shape"] == (data.num_nodes, 4)  # global order, every node
         assert r["logits"] < 1e-9, r
         assert r["comm"] is not None and r["comm"] > 0
+        if kernels == "auto" and r["huge"]["possible"]:
+            # Installed by the strategy for the CPU kernels, given back at teardown.
+            assert r["huge"]["during"] is True and r["huge"]["after"] is False, r["huge"]
     assert sum(r["owned"] for r in results) == data.num_nodes
 
 

@@ -1,0 +1,201 @@
+"""The huge-page CPU allocator (``kernels/huge_pages.py``, ``csrc/huge_pages.cpp``).
+
+Large tensors allocated while it is installed are 2 MiB-aligned and their mapping carries
+the kernel's huge-page advice (``hg`` in ``/proc/self/smaps``); small ones and all values
+are untouched; a tensor outlives the allocator that made it; nothing leaks.  Modes come
+from :func:`set_huge_pages` or the environment; torch's own switch and a machine without
+transparent huge pages leave torch's allocator in place.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import lightning_fullgraph.kernels as K
+from lightning_fullgraph.kernels import huge_pages as HP
+
+from kernel_testutils import cpp_or_skip
+
+HUGE = 2 << 20
+BIG = 64 << 20  # bytes: 32 huge pages
+
+
+def _mapping_of(ptr: int) -> dict:
+    """VmFlags and AnonHugePages of the mapping holding ``ptr`` (Linux ``smaps``)."""
+    found, out = False, {}
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                if found:
+                    break
+                found = int(m.group(1), 16) <= ptr < int(m.group(2), 16)
+            elif found and line.startswith("VmFlags:"):
+                out["flags"] = line.split()[1:]
+            elif found and line.startswith("AnonHugePages:"):
+                out["anon_huge_kib"] = int(line.split()[1])
+    return out
+
+
+def _thp_or_skip():
+    reason = HP._why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    if HP._torch_does_it():
+        pytest.skip("THP_MEM_ALLOC_ENABLE=1: torch's own allocator places the tensors")
+
+
+@pytest.fixture
+def restore_mode():
+    """Each test leaves the mode (and whether the allocator is installed) as it found it."""
+    mode, active = HP.get_huge_pages(), HP.is_active()
+    yield
+    HP.set_huge_pages("off")
+    HP._state["mode"] = mode
+    if active:
+        HP._install(explicit=True)
+
+
+def test_thp_mode_reads_the_bracketed_setting(tmp_path):
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert HP.thp_mode(f) == "madvise"
+    f.write_text("[always] madvise never\n")
+    assert HP.thp_mode(f) == "always"
+    assert HP.thp_mode(tmp_path / "missing") is None
+
+
+def test_mode_names_are_validated(restore_mode):
+    with pytest.raises(ValueError, match="unknown huge-page mode 'sometimes'.*auto"):
+        K.set_huge_pages("sometimes")
+    assert HP._normalize("1") == "on" and HP._normalize("OFF") == "off"
+
+
+def test_large_tensors_are_aligned_and_advised_small_ones_untouched(restore_mode):
+    cpp_or_skip()
+    _thp_or_skip()
+    assert K.set_huge_pages("on") is True
+    before = HP.huge_pages_info()["allocations"]
+    big = torch.empty(BIG // 4, dtype=torch.float32)
+    big.fill_(1.0)  # fault the pages in
+    small = torch.empty(1000)
+    info = HP.huge_pages_info()
+    assert info["active"] and info["mode"] == "on"
+    assert info["allocations"] == before + 1  # the big one only
+    assert big.data_ptr() % HUGE == 0
+    mapping = _mapping_of(big.data_ptr())
+    assert "hg" in mapping["flags"], mapping
+    assert info["bytes"] >= BIG
+    assert small.numel() == 1000  # served by torch's default allocator (not counted)
+
+
+def test_values_and_gradients_do_not_depend_on_the_allocator(restore_mode):
+    cpp_or_skip()
+    _thp_or_skip()
+    results = []
+    for mode in ("off", "on"):
+        K.set_huge_pages(mode)
+        torch.manual_seed(0)
+        x = torch.randn(1 << 20, 8, requires_grad=True)  # 32 MiB
+        y = (x * 2).relu().sum()
+        y.backward()
+        results.append((x.detach().clone(), x.grad.clone(), y.detach()))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_tensor_outlives_the_allocator_and_nothing_leaks(restore_mode):
+    cpp_or_skip()
+    _thp_or_skip()
+    K.set_huge_pages("on")
+    kept = torch.ones(BIG // 4)
+    K.set_huge_pages("off")
+    assert not HP.is_active()
+    count = HP.huge_pages_info()["allocations"]
+    other = torch.ones(BIG // 4)
+    assert HP.huge_pages_info()["allocations"] == count  # torch's allocator again
+    assert float(kept.sum()) == BIG // 4
+    del kept, other  # freed by torch's default deleter, whichever allocator made them
+
+    K.set_huge_pages("on")
+
+    def rss_kib():
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
+
+    start = rss_kib()
+    for _ in range(40):  # 2.5 GiB allocated and freed in all
+        t = torch.empty(BIG // 4)
+        t.fill_(2.0)
+        del t
+    assert rss_kib() - start < 3 * BIG // 1024, "large blocks are not given back"
+
+
+def test_handle_reverts_only_what_it_installed(restore_mode):
+    cpp_or_skip()
+    _thp_or_skip()
+    K.set_huge_pages("off")
+    K.set_huge_pages("auto")  # selects the mode; installs nothing by itself
+    assert not HP.is_active()
+    handle = HP.enable_for_kernels()
+    assert handle.installed and HP.is_active()
+    again = HP.enable_for_kernels()  # already installed: nothing of its own to revert
+    assert not again.installed
+    again.revert()
+    assert HP.is_active()
+    handle.revert()
+    assert not HP.is_active()
+    K.set_huge_pages("off")
+    assert not HP.enable_for_kernels().installed and not HP.is_active()
+
+
+def _in_fresh_process(env_update: dict) -> dict:
+    code = ("import json, torch, lightning_fullgraph.kernels as K; K.cpp_available(); "
+            "x = torch.ones(1 << 24); print(json.dumps(dict(K.huge_pages_info(), "
+            "aligned=x.data_ptr() % (2 << 20) == 0)))")
+    env = dict(os.environ)
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    env.pop(HP.ENV, None)
+    env.update(env_update)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_loading_the_kernels_installs_it_by_default_and_the_environment_turns_it_off():
+    cpp_or_skip()
+    _thp_or_skip()
+    default = _in_fresh_process({})
+    assert default["mode"] == "auto" and default["active"] and default["aligned"]
+    assert default["allocations"] >= 1
+    off = _in_fresh_process({HP.ENV: "0"})
+    assert off["mode"] == "off" and not off["active"] and off["allocations"] == 0
+    torch_own = _in_fresh_process({"THP_MEM_ALLOC_ENABLE": "1"})
+    assert torch_own["torch_thp"] and not torch_own["active"]  # torch does it already
+
+
+def test_an_unknown_environment_value_warns_and_means_auto(monkeypatch):
+    monkeypatch.setenv(HP.ENV, "maybe")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert HP._mode_from_env() == "auto"
+    assert any("LIGHTNING_FULLGRAPH_HUGE_PAGES='maybe'" in str(w.message) for w in caught)
+
+
+def test_on_warns_where_the_machine_has_no_transparent_huge_pages(restore_mode, monkeypatch,
+                                                                  tmp_path):
+    cpp_or_skip()
+    if HP._torch_does_it():
+        pytest.skip("THP_MEM_ALLOC_ENABLE=1: nothing to install")
+    never = tmp_path / "enabled"
+    never.write_text("always madvise [never]\n")
+    monkeypatch.setattr(HP, "_SYSFS", never)
+    K.set_huge_pages("off")
+    with pytest.warns(RuntimeWarning, match="transparent huge pages are off on this machine"):
+        assert K.set_huge_pages("on") is False
+    assert not HP.is_active()
