@@ -790,7 +790,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall_huge_pages", &huge_pages::uninstall, "torch's default CPU allocator back");
   m.def("huge_pages_installed", &huge_pages::installed, "whether the huge-page allocator is installed");
   m.def("huge_pages_stats", &huge_pages::stats, "[large allocations, their bytes] so far");
-  m.def("collapse_huge_pages", &huge_pages::collapse, "MADV_COLLAPSE a range; 0 or errno");
   m.def("counting_sort_perm", &counting_sort_perm, "stable counting-sort permutation");
   m.def("set_validation_cache_size", &vcache::set_capacity,
         "number of validated (rowptr, col) pairs remembered (0: validate on every call)");

@@ -17,7 +17,6 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstdlib>
 
 #if defined(__linux__)
@@ -29,7 +28,6 @@ namespace huge_pages {
 namespace {
 
 constexpr size_t kHuge = size_t(2) << 20;
-constexpr int kCollapse = 25;  // MADV_COLLAPSE (Linux 6.1); older headers lack the name
 
 std::atomic<int64_t> g_count{0};
 std::atomic<int64_t> g_bytes{0};
@@ -77,9 +75,11 @@ bool install(int64_t threshold) {
   g_allocator.threshold.store(static_cast<size_t>(threshold));
   c10::Allocator* now = c10::GetAllocator(c10::DeviceType::CPU);
   if (now == &g_allocator) return true;
-  // Someone else's allocator (a profiling or caching one, torch's own THP path is the
-  // default allocator) is not replaced: its frees might not match ours.
+  // Someone else's allocator (a profiling or caching one; torch's own THP_MEM_ALLOC_ENABLE
+  // path lives inside the default allocator) is not replaced: its frees might not match.
   if (now != c10::GetDefaultCPUAllocator()) return false;
+  // Our blocks are released by the default allocator's raw deleter: it must have one.
+  if (c10::GetDefaultCPUAllocator()->raw_deleter() == nullptr) return false;
   // Torch's default CPU allocator is registered with priority 0; equal priority replaces.
   c10::SetAllocator(c10::DeviceType::CPU, &g_allocator, 0);
   return c10::GetAllocator(c10::DeviceType::CPU) == &g_allocator;
@@ -94,19 +94,5 @@ bool uninstall() {
 bool installed() { return c10::GetAllocator(c10::DeviceType::CPU) == &g_allocator; }
 
 std::vector<int64_t> stats() { return {g_count.load(), g_bytes.load()}; }
-
-int64_t collapse(int64_t ptr, int64_t bytes) {
-#ifdef LFG_HAVE_MADVISE
-  const uintptr_t lo = (static_cast<uintptr_t>(ptr) + kHuge - 1) / kHuge * kHuge;
-  const uintptr_t hi = (static_cast<uintptr_t>(ptr) + static_cast<uintptr_t>(bytes)) / kHuge * kHuge;
-  if (hi <= lo) return 0;
-  if (madvise(reinterpret_cast<void*>(lo), hi - lo, kCollapse) != 0) return errno;
-  return 0;
-#else
-  (void)ptr;
-  (void)bytes;
-  return ENOSYS;
-#endif
-}
 
 }  // namespace huge_pages

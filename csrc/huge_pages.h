@@ -21,8 +21,4 @@ bool installed();
 // [large allocations served, bytes of them], counted since the process started.
 std::vector<int64_t> stats();
 
-// Collapses the whole 2 MiB pages inside [ptr, ptr + bytes) into huge pages now
-// (MADV_COLLAPSE, Linux >= 6.1).  Returns 0, or the errno of the refusal.
-int64_t collapse(int64_t ptr, int64_t bytes);
-
 }  // namespace huge_pages
