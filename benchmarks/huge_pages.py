@@ -100,8 +100,9 @@ def measure(args: argparse.Namespace) -> dict:
         small, huge = min(per["off"]), min(per["on"])
         rows.append(dict(contender=name, pages_4k_s=small, pages_2m_s=huge, ratio=small / huge,
                          rounds=per))
-    return dict(rows=rows, installed=installed, graph=dict(nodes=args.nodes, edges=args.edges, skew=args.skew,
-                                      features=args.features, seed=args.seed),
+    graph = dict(nodes=args.nodes, edges=args.edges, skew=args.skew, features=args.features,
+                 seed=args.seed)
+    return dict(rows=rows, installed=installed, graph=graph,
                 machine=dict(torch=torch.__version__, threads=torch.get_num_threads(),
                              cpus=os.cpu_count(), thp=huge_pages.thp_mode(),
                              load_avg_start=args.load_avg_start),
