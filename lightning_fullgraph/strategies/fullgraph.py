@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch_geometric.data.data import BaseData
 
@@ -204,6 +204,9 @@ class FullGraphStrategy(DDPStrategy):
             # Before the data is set up, so that the partition's features land in huge pages.
             from ..kernels import huge_pages
             self._huge_pages = huge_pages.enable_for_kernels()
+            if huge_pages.is_active():
+                rank_zero_info("FullGraphStrategy: large CPU tensors in transparent huge pages "
+                               "(LIGHTNING_FULLGRAPH_HUGE_PAGES=0 keeps 4 KiB pages)")
         # Here, before the Trainer calls any data hook (prepare_data comes next).
         self._take_over_data()
 
