@@ -19,9 +19,10 @@
 #include <atomic>
 #include <cstdlib>
 
+// Transparent huge pages are a Linux feature; elsewhere install() changes nothing.
 #if defined(__linux__)
 #include <sys/mman.h>
-#define LFG_HAVE_MADVISE 1
+#define LFG_HAVE_THP 1
 #endif
 
 namespace huge_pages {
@@ -38,6 +39,9 @@ class HugePageAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) override {
     c10::Allocator* fallback = c10::GetDefaultCPUAllocator();
+#ifndef LFG_HAVE_THP
+    return fallback->allocate(n);  // never installed there (see install())
+#else
     if (n < threshold.load(std::memory_order_relaxed)) return fallback->allocate(n);
     void* data = nullptr;
     if (posix_memalign(&data, kHuge, n) != 0 || data == nullptr) {
@@ -45,14 +49,13 @@ class HugePageAllocator final : public c10::Allocator {
       TORCH_CHECK_WITH(OutOfMemoryError, false, "lightning_fullgraph huge-page allocator: not "
                        "enough memory: you tried to allocate ", n, " bytes.");
     }
-#ifdef LFG_HAVE_MADVISE
     madvise(data, n, MADV_HUGEPAGE);  // advice only: a refusal leaves 4 KiB pages
-#endif
     c10::profiledCPUMemoryReporter().New(data, n);
     g_count.fetch_add(1, std::memory_order_relaxed);
     g_bytes.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
     // The default allocator's deleter: reports the free to the profiler, then free().
     return {data, data, fallback->raw_deleter(), c10::Device(c10::DeviceType::CPU)};
+#endif
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
@@ -72,6 +75,9 @@ HugePageAllocator g_allocator;
 
 bool install(int64_t threshold) {
   TORCH_CHECK(threshold >= 0, "huge-page threshold must be >= 0, got ", threshold);
+#ifndef LFG_HAVE_THP
+  return false;
+#endif
   g_allocator.threshold.store(static_cast<size_t>(threshold));
   c10::Allocator* now = c10::GetAllocator(c10::DeviceType::CPU);
   if (now == &g_allocator) return true;

@@ -71,7 +71,8 @@ def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
     module = (ManualClassifier if mode == "manual" else NodeClassifier)(
         data.num_features, 4, conv=conv)
     dm = FullGraphDataModule(data, cache_dir=os.path.join(tmp, "cache"))
-    trainer = _trainer(world_size, tmp, kernels, callbacks=[_HugePagesProbe()])
+    probe = _HugePagesProbe()
+    trainer = _trainer(world_size, tmp, kernels, callbacks=[probe])
     if mode == "compile":
         # The model inside the LightningModule is compiled. (Compiling the whole module,
         # trainer.fit(torch.compile(module)), fails in plain single-device Lightning 2.6.6 with
@@ -79,7 +80,7 @@ def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
         module.model = torch.compile(module.model, backend="aot_eager")
     trainer.fit(module, datamodule=dm)
     from lightning_fullgraph.kernels import huge_pages
-    huge = dict(during=trainer.callbacks[0].active, after=huge_pages.is_active(),
+    huge = dict(during=probe.active, after=huge_pages.is_active(),
                 possible=huge_pages._why_not() is None and not huge_pages._torch_does_it())
     params = {name: float((p - q).abs().max()) for (name, p), q in
               zip(module.named_parameters(), ref.parameters())}
