@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="row-normalize features (auto: yes for Planetoid data, as Kipf & Welling)")
     t.add_argument("--kernels", default="auto", choices=["auto", "cpp", "triton", "torch", "pyg"],
                    help="aggregation backend ('pyg': PyG's own scatter path)")
+    t.add_argument("--huge-pages", default="auto", choices=["auto", "on", "off"],
+                   help="large CPU tensors in transparent huge pages with the CPU kernels "
+                        "(auto: on unless LIGHTNING_FULLGRAPH_HUGE_PAGES=0; 'off': 4 KiB pages)")
     t.add_argument("--aggregation", default="hybrid", choices=["hybrid", "post", "pre"],
                    help="how cut edges of GCN/SAGE/GIN-like layers cross the wire: 'post' "
                         "sends source rows, 'pre' partial aggregates, 'hybrid' the smaller "
@@ -395,6 +398,8 @@ def _train(args) -> int:
                                          level_percentiles=args.level_percentiles)
         kernels = None if args.kernels == "pyg" else args.kernels
         strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
+                                     huge_pages={"auto": None, "on": True,
+                                                 "off": False}[args.huge_pages],
                                      aggregation=args.aggregation, codec=args.codec,
                                      cache=None if args.cache == "none" else args.cache,
                                      pipeline=None if args.pipeline == "sync" else args.pipeline,
@@ -460,6 +465,8 @@ def _train(args) -> int:
         "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
         "boundary_sampling": args.boundary_sampling if args.strategy == "fullgraph" else None,
         "overlap": bool(args.overlap) if args.strategy == "fullgraph" else None,
+        # Whether large CPU tensors were in huge pages while rank 0 trained (--huge-pages).
+        "huge_pages": strategy.huge_pages_active if args.strategy == "fullgraph" else None,
         "loader": args.loader if args.strategy == "pyg" else None,
         "num_neighbors": _num_neighbors(args) if args.loader == "neighbor" else None,
         "dp": strategy.dims.dp if fourd else None,

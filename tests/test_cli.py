@@ -77,6 +77,9 @@ def test_train_json_on_two_processes(tmp_path):
     assert summary["test_acc"] > 0.6
     assert summary["comm_MB_per_epoch_per_rank"] > 0
     assert summary["aggregation"] == "pre"
+    from lightning_fullgraph.kernels import huge_pages
+    if huge_pages._why_not() is None and not huge_pages._torch_does_it():
+        assert summary["huge_pages"] is True  # the default with the CPU kernels
 
 
 @pytest.mark.multiprocess
@@ -86,11 +89,12 @@ def test_train_with_every_adaptive_knob(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "lightning_fullgraph.cli", "train", "--devices", "2",
          "--epochs", "12", "--json", "--codec", "int2", "--adaptive-bits", "--cache",
-         "adaptive", "--cache-dir", str(tmp_path / "partitions")],
+         "adaptive", "--cache-dir", str(tmp_path / "partitions"), "--huge-pages", "off"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
     assert summary["codec"] == "int2" and summary["cache"] == "adaptive"
+    assert summary["huge_pages"] is False  # --huge-pages off
     assert 1.0 <= summary["bits_mean"] <= 8.0 and summary["bits_last"] in (1, 2, 4, 8)
     assert 0.0 < summary["rows_skipped_frac"] < 1.0
     # Means over the run: the last epoch's bytes are reported beside them.

@@ -180,30 +180,56 @@ def huge_pages_info() -> Dict[str, Any]:
 
 
 class HugePagesHandle:
-    """What :func:`enable_for_kernels` changed, undone by :meth:`revert` (only if this call
-    installed the allocator and it is still installed)."""
+    """What :func:`enable_for_kernels` changed, undone by :meth:`revert`: the mode and whether
+    the allocator was installed before the call come back.
 
-    def __init__(self, installed: bool) -> None:
-        self.installed = installed
+    Attributes:
+        installed (bool): Whether the call installed the allocator (it was not before).
+    """
+
+    def __init__(self, previous_mode: str, was_active: bool) -> None:
+        self.previous_mode = previous_mode
+        self.was_active = was_active
+        self.installed = is_active() and not was_active
+        self._reverted = False
 
     def revert(self) -> None:
-        if self.installed:
-            ext = _loaded_extension()
-            if ext is not None:
-                ext.uninstall_huge_pages()
-            self.installed = False
+        if self._reverted:
+            return
+        self._reverted = True
+        _state["mode"] = self.previous_mode
+        ext = _loaded_extension()
+        if ext is None:
+            return
+        if self.was_active and not is_active():
+            ext.install_huge_pages(THRESHOLD)
+        elif not self.was_active and is_active():
+            ext.uninstall_huge_pages()
 
     def __repr__(self) -> str:
-        return f"HugePagesHandle(installed={self.installed})"
+        return (f"HugePagesHandle(installed={self.installed}, "
+                f"previous_mode={self.previous_mode!r})")
 
 
-def enable_for_kernels() -> HugePagesHandle:
-    """Installs the allocator for a run on the CPU kernels when the mode is ``"auto"`` or
-    ``"on"`` (builds the C++ kernels if needed: the run uses them anyway).  Returns a handle
-    whose :meth:`~HugePagesHandle.revert` restores the allocator found."""
-    if get_huge_pages() == "off" or is_active():
-        return HugePagesHandle(False)
-    return HugePagesHandle(_install(explicit=get_huge_pages() == "on"))
+def enable_for_kernels(setting: Optional[bool] = None) -> HugePagesHandle:
+    """Applies the allocator for a run on the CPU kernels; :meth:`HugePagesHandle.revert`
+    restores what was in effect before.
+
+    Args:
+        setting (bool, optional): ``None`` follows the mode (``"auto"`` and ``"on"`` install,
+            building the C++ kernels if needed: the run uses them anyway; ``"off"`` does
+            nothing); ``True`` installs it (mode ``"on"``: a warning says why not where it
+            cannot be); ``False`` keeps torch's allocator for the run (mode ``"off"``, so the
+            kernels loading later do not install it either).
+    """
+    handle_args = (get_huge_pages(), is_active())
+    if setting is False:
+        set_huge_pages("off")
+    elif setting is True:
+        set_huge_pages("on")
+    elif get_huge_pages() != "off" and not is_active():
+        _install(explicit=get_huge_pages() == "on")
+    return HugePagesHandle(*handle_args)
 
 
 def _on_kernels_loaded(ext: Any) -> None:

@@ -92,6 +92,12 @@ class FullGraphStrategy(DDPStrategy):
         sync_batchnorm (bool): Synchronize ``BatchNorm1d`` statistics across ranks.
         kernels (str, optional): Aggregation backend (``"auto"``, ``"cpp"``,
             ``"triton"``, ``"torch"``); ``None`` keeps PyG's own path.
+        huge_pages (bool, optional): With CPU kernels (``"auto"``, ``"cpp"``), large CPU
+            tensors in transparent huge pages for the run
+            (:mod:`lightning_fullgraph.kernels.huge_pages`): ``None`` (default) follows
+            ``LIGHTNING_FULLGRAPH_HUGE_PAGES`` (on unless it says ``0``), ``True`` on (a
+            warning says why not where the machine cannot), ``False`` torch's 4 KiB pages.
+            What was in effect before comes back at teardown.
         codec (str, Codec or ExchangePolicy, optional): How halo rows cross the wire, for
             every exchange point or per point and direction: a name (``"fp32"``, ``"bf16"``,
             ``"int8"``, ``"int4"``, ``"int2"``, ``"int1"``; see
@@ -147,6 +153,7 @@ class FullGraphStrategy(DDPStrategy):
     def __init__(self, loss_mask: str = "train_mask", loss_reduction: str = "mean",
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                  sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
+                 huge_pages: Optional[bool] = None,
                  codec: Union[None, str, Codec, ExchangePolicy] = None,
                  cache: Union[None, str, float, HaloCache] = None,
                  pipeline: Union[None, str, AsyncPipeline] = None,
@@ -172,6 +179,9 @@ class FullGraphStrategy(DDPStrategy):
         self.trusted_layers = tuple(trusted_layers)
         self.sync_batchnorm = sync_batchnorm
         self.kernels = kernels
+        if huge_pages not in (None, True, False):
+            raise ValueError(f"huge_pages must be None, True or False, got {huge_pages!r}")
+        self.huge_pages = huge_pages
         self.codec = codec
         self.cache = HaloCache.of(cache)  # validated now, not at setup on every rank
         self.pipeline = AsyncPipeline.of(pipeline)
@@ -189,6 +199,8 @@ class FullGraphStrategy(DDPStrategy):
         self._group: Optional[Any] = None
         self._signals: Optional[DeferredSignals] = None
         self._huge_pages: Optional[Any] = None  # kernels.huge_pages.HugePagesHandle
+        #: Whether the last setup put large CPU tensors in huge pages (``huge_pages``).
+        self.huge_pages_active = False
 
     # -- environment -----------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -203,8 +215,9 @@ class FullGraphStrategy(DDPStrategy):
         if self.kernels in ("auto", "cpp") and self.root_device.type == "cpu":
             # Before the data is set up, so that the partition's features land in huge pages.
             from ..kernels import huge_pages
-            self._huge_pages = huge_pages.enable_for_kernels()
-            if huge_pages.is_active():
+            self._huge_pages = huge_pages.enable_for_kernels(self.huge_pages)
+            self.huge_pages_active = huge_pages.is_active()
+            if self.huge_pages_active:
                 rank_zero_info("FullGraphStrategy: large CPU tensors in transparent huge pages "
                                "(LIGHTNING_FULLGRAPH_HUGE_PAGES=0 keeps 4 KiB pages)")
         # Here, before the Trainer calls any data hook (prepare_data comes next).

@@ -135,7 +135,7 @@ def test_a_tensor_outlives_the_allocator_and_nothing_leaks(restore_mode):
     assert rss_kib() - start < 3 * BIG // 1024, "large blocks are not given back"
 
 
-def test_handle_reverts_only_what_it_installed(restore_mode):
+def test_handle_restores_what_was_in_effect(restore_mode):
     cpp_or_skip()
     _thp_or_skip()
     K.set_huge_pages("off")
@@ -143,14 +143,27 @@ def test_handle_reverts_only_what_it_installed(restore_mode):
     assert not HP.is_active()
     handle = HP.enable_for_kernels()
     assert handle.installed and HP.is_active()
-    again = HP.enable_for_kernels()  # already installed: nothing of its own to revert
+    again = HP.enable_for_kernels()  # already installed: nothing of its own to undo
     assert not again.installed
     again.revert()
     assert HP.is_active()
     handle.revert()
-    assert not HP.is_active()
+    assert not HP.is_active() and K.get_huge_pages() == "auto"
+
+    # False: torch's allocator for the run, and the mode "off" so no later load installs it.
+    K.set_huge_pages("on")
+    forced_off = HP.enable_for_kernels(False)
+    assert not HP.is_active() and K.get_huge_pages() == "off" and not forced_off.installed
+    forced_off.revert()
+    assert HP.is_active() and K.get_huge_pages() == "on"
+
+    # True: installed even where the mode said "off"; the mode comes back afterwards.
     K.set_huge_pages("off")
-    assert not HP.enable_for_kernels().installed and not HP.is_active()
+    forced_on = HP.enable_for_kernels(True)
+    assert HP.is_active() and forced_on.installed
+    forced_on.revert()
+    assert not HP.is_active() and K.get_huge_pages() == "off"
+    assert not HP.enable_for_kernels().installed and not HP.is_active()  # "off" is respected
 
 
 def _in_fresh_process(env_update: dict) -> dict:

@@ -38,6 +38,11 @@ def test_bad_aggregation_names_the_choices():
         FullGraphStrategy(aggregation="mixed")
 
 
+def test_bad_huge_pages_setting_names_the_choices():
+    with pytest.raises(ValueError, match="huge_pages must be None, True or False, got 'yes'"):
+        FullGraphStrategy(huge_pages="yes")
+
+
 def test_registered_under_a_name():
     from lightning.pytorch.strategies import StrategyRegistry
     assert "fullgraph" in StrategyRegistry and "fullgraph_spawn" in StrategyRegistry
