@@ -91,7 +91,8 @@ class Transport:
     # -- the one collective ---------------------------------------------------------------
     def exchange(self, send: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
                  *, key: str, direction: str, unit: str = "rows",
-                 async_op: bool = False, rows: Optional[Sequence[int]] = None):
+                 async_op: bool = False, rows: Optional[Sequence[int]] = None,
+                 out: Optional[Tensor] = None):
         r"""Sends ``send`` split by :obj:`send_counts`, receives by :obj:`recv_counts`.
 
         Args:
@@ -104,6 +105,10 @@ class Transport:
             async_op (bool): Return a :class:`PendingExchange` instead of the result.
             rows (Sequence[int], optional): ``(rows sent, rows received)`` when the unit is
                 bytes (for the row counters).
+            out (torch.Tensor, optional): Where the received rows go (synchronous calls): a
+                contiguous tensor of the received shape and of ``send``'s dtype and device,
+                e.g. the tail of a larger buffer; the backend writes into it directly when
+                it takes the dtype as it is, else the rows are copied there.
 
         Returns:
             The received tensor, or a :class:`PendingExchange` if :obj:`async_op`.
@@ -121,7 +126,19 @@ class Transport:
             raise ValueError("unit='bytes' needs a flat uint8 tensor")
         wire, restore = self._for_backend(send.contiguous())
         n_recv = sum(recv_counts)
-        recv = wire.new_empty((n_recv, ) + tuple(wire.shape[1:]))
+        if out is not None:
+            if async_op:
+                raise ValueError("out= is for synchronous exchanges")
+            if (out.shape != (n_recv, ) + tuple(send.shape[1:]) or out.dtype != send.dtype
+                    or out.device != send.device or not out.is_contiguous()):
+                raise ValueError(f"exchange '{key}': out must be a contiguous "
+                                 f"{(n_recv, ) + tuple(send.shape[1:])} {send.dtype} tensor on "
+                                 f"{send.device}, got {tuple(out.shape)} {out.dtype} on "
+                                 f"{out.device}")
+        if out is not None and restore is None:
+            recv = out  # received in place: no second buffer of the halo rows
+        else:
+            recv = wire.new_empty((n_recv, ) + tuple(wire.shape[1:]))
         row_bytes = math.prod(wire.shape[1:]) * wire.element_size()
         bytes_sent, bytes_received = sum(send_counts) * row_bytes, n_recv * row_bytes
         rows_sent, rows_received = (rows if rows is not None else (sum(send_counts), n_recv))
@@ -158,7 +175,11 @@ class Transport:
             def exposed(waited: float) -> None:
                 self.stats.add_seconds(key, direction, waited)
             return PendingExchange(recv, work, finish, None, on_wait=exposed)
-        return PendingExchange(recv, None, finish, record).wait()
+        received = PendingExchange(recv, None, finish, record).wait()
+        if out is not None and received is not out:
+            out.copy_(received)  # the backend needed another dtype or device: one copy
+            return out
+        return received
 
     # -- device and dtype handling ----------------------------------------------------------
     def _for_backend(self, wire: Tensor):

@@ -114,6 +114,26 @@ def _p3(rank, group):
             one.view(torch.int16), hgot[:, 1].contiguous().view(torch.int16)),
             bytes_sent=t.stats.counters[(name + "_1d", "forward")].bytes_sent)
 
+    # out=: received into the tail of a larger buffer (no second buffer), also for a dtype
+    # the backend carries as bytes (bfloat16 over gloo: then copied there), refused when
+    # it does not fit.
+    n_recv = sum(recv_counts)
+    buf = torch.full((2 + n_recv, WIDTH), -1.0)
+    into = t.exchange(send, send_counts, recv_counts, key="out", direction="forward",
+                      out=buf[2:])
+    hbuf = torch.zeros(n_recv, WIDTH, dtype=torch.bfloat16)
+    hinto = t.exchange(send.to(torch.bfloat16), send_counts, recv_counts, key="out_bf16",
+                       direction="forward", out=hbuf)
+    out["into"] = dict(same=into.data_ptr() == buf[2:].data_ptr(), equal=torch.equal(into, got),
+                       head_kept=bool((buf[:2] == -1).all()), half_same=hinto is hbuf,
+                       half_equal=torch.equal(hbuf, got.to(torch.bfloat16)))
+    try:
+        t.exchange(send, send_counts, recv_counts, key="out_bad", direction="forward",
+                   out=torch.empty(n_recv + 1, WIDTH))
+        out["into"]["bad"] = None
+    except ValueError as e:
+        out["into"]["bad"] = str(e)
+
     # Trailing dimensions: one row is everything after the first dimension.
     wide = send.reshape(-1, 1, WIDTH).expand(-1, 2, WIDTH).contiguous()
     wgot = t.exchange(wide, send_counts, recv_counts, key="wide", direction="forward")
@@ -209,6 +229,15 @@ def test_async_exchange_equals_sync(job):
         assert asyn["calls"] == 1  # waited twice, counted once
         for k in ("bytes_sent", "bytes_received", "rows_sent", "rows_received"):
             assert asyn[k] == sync[k]
+
+
+@pytest.mark.multiprocess
+def test_rows_are_received_into_a_given_buffer(job):
+    for rank in range(3):
+        r = job[rank]["p3"]["into"]
+        assert r["same"] and r["equal"] and r["head_kept"], r
+        assert r["half_same"] and r["half_equal"], r
+        assert "out must be a contiguous" in r["bad"], r
 
 
 @pytest.mark.multiprocess
