@@ -108,10 +108,15 @@ def _why_not() -> Optional[str]:
     return None
 
 
+def _with_allocator(ext: Any) -> Any:
+    # A build of the extension without the allocator (a stand-in module in tests) has none.
+    return ext if ext is not None and hasattr(ext, "install_huge_pages") else None
+
+
 def _extension():
     from . import cpp
 
-    return cpp.load()
+    return _with_allocator(cpp.load())
 
 
 def _install(explicit: bool, ext: Any = None) -> bool:
@@ -119,9 +124,9 @@ def _install(explicit: bool, ext: Any = None) -> bool:
         return False  # torch's own allocator already places large tensors in huge pages
     reason = _why_not()
     if reason is None:
-        ext = ext if ext is not None else _extension()
+        ext = _with_allocator(ext) if ext is not None else _extension()
         if ext is None:
-            reason = "the C++ kernels are unavailable"
+            reason = "the C++ kernels (with their allocator) are unavailable"
         elif ext.install_huge_pages(THRESHOLD):
             return True
         else:
@@ -135,7 +140,7 @@ def _install(explicit: bool, ext: Any = None) -> bool:
 def _loaded_extension():
     from . import cpp
 
-    return cpp._module  # only if already loaded: never trigger a build to answer a query
+    return _with_allocator(cpp._module)  # only if loaded: never build to answer a query
 
 
 def is_active() -> bool:
