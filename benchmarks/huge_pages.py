@@ -6,8 +6,8 @@ Usage::
     python benchmarks/huge_pages.py --nodes 20000 --edges 200000 --rounds 1 --repeats 1  # smoke
 
 Separate processes are a poor A/B for page sizes on a shared machine: the first of two
-identical runs was up to 1.8x slower than the second here (memory the kernel has to find
-and zero). So one process alternates: each round switches the allocator off, then on
+identical runs was up to 1.8x slower than the second here (PyG's GCNConv step, 4 KiB pages
+both times; the cause was not measured). So one process alternates: each round switches the allocator off, then on
 (:func:`lightning_fullgraph.kernels.set_huge_pages`), allocates the inputs anew under that
 setting (the graph's ``edge_index`` and the features ``x``), and times each contender
 (one warm-up, then best of ``--repeats``):
