@@ -2,17 +2,17 @@
 
 In 4 KiB pages every large tensor costs a page fault per 4 KiB the first time it is written
 (each step: glibc maps such tensors afresh), and an aggregation over a graph without locality,
-which reads one random source row per edge, misses the TLB on nearly every row. Measured on
-this project's 2-core machine (README, ``benchmarks/huge_pages.py``): an unmodified
-``GCNConv(128, 128)`` step on 0.5M nodes / 8M edges takes 1.35 s in 4 KiB pages and 1.17 s in
-huge pages on our kernels (PyG's own path 8.96 and 4.93 s), the C++ sum over a uniform 1M
-nodes / 16M edges graph 0.65 and 0.53 s forward. torch allocates large tensors in huge pages
-itself only when ``THP_MEM_ALLOC_ENABLE=1`` is set before its first allocation, i.e. before
-``import torch``, which a library cannot arrange. So the C++ extension carries a CPU allocator
-that does the same at run time (``csrc/huge_pages.cpp``): allocations of at least 2 MiB are 2
-MiB-aligned and advised ``MADV_HUGEPAGE``; smaller ones, and every free, stay with torch's
-default allocator, so a tensor allocated while it is installed may outlive it. Values, dtypes,
-devices and autograd are untouched: only where the bytes sit changes.
+which reads one random source row per edge, can miss the TLB on most rows (not measured with
+counters). Measured on this project's 2-core machine (README, ``benchmarks/huge_pages.py``):
+an unmodified ``GCNConv(128, 128)`` step on 0.5M nodes / 8M edges takes 1.35 s in 4 KiB pages
+and 1.17 s in huge pages on our kernels (PyG's own path 8.96 and 4.93 s), the C++ sum over a
+uniform 1M nodes / 16M edges graph 0.65 and 0.53 s forward. torch allocates large tensors in
+huge pages itself only when ``THP_MEM_ALLOC_ENABLE=1`` is set before its first allocation,
+i.e. before ``import torch``, which a library cannot arrange. So the C++ extension carries a
+CPU allocator that does the same at run time (``csrc/huge_pages.cpp``): allocations of at
+least 2 MiB are 2 MiB-aligned and advised ``MADV_HUGEPAGE``; smaller ones, and every free,
+stay with torch's default allocator, so a tensor allocated while it is installed may outlive
+it. Values, dtypes, devices and autograd are untouched: only where the bytes sit changes.
 
 Modes (:func:`set_huge_pages`, or the environment variable ``LIGHTNING_FULLGRAPH_HUGE_PAGES``
 read at import):
