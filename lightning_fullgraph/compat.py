@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, Set, Tuple
 __all__ = [
     "TESTED_VERSIONS", "UntestedVersionError", "require", "installed_version",
     "propagate_source_args", "edge_update_source_args", "hook_dicts", "set_hook_dict",
-    "modules_binding",
+    "modules_binding", "has_forward_hooks",
     "fabric_is_using_cli", "fabric_run_command", "signal_connector", "stage_data_sources",
     "attach_datamodule", "collect_rng_states", "set_rng_states",
     "pymetis_extension_path", "pymetis_option_indices",
@@ -124,6 +124,13 @@ def set_hook_dict(layer: Any, kind: str, hooks: Dict[Any, Callable]) -> None:
     r"""Replaces a hook dictionary (used to run PyG's ``propagate`` without its pre-hooks)."""
     name = kind[:-4] + "_forward_pre_hooks" if kind.endswith("_pre") else kind + "_forward_hooks"
     setattr(layer, "_" + name, hooks)
+
+
+def has_forward_hooks(module: Any) -> bool:
+    r"""Whether a forward hook (the module's own or a global one) may see the output of
+    :obj:`module` (then the output must not be modified in place)."""
+    import torch
+    return bool(module._forward_hooks) or bool(torch.nn.modules.module._global_forward_hooks)
 
 
 def modules_binding(function: Callable, prefix: str = "torch_geometric") -> Iterator[ModuleType]:

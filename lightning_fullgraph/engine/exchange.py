@@ -221,7 +221,7 @@ class HaloExchange:
                          self.num_halo)
 
     @torch.compiler.disable
-    def reduce(self, aggregated: Tensor, key: str = "x.pre") -> Tensor:
+    def reduce(self, aggregated: Tensor, key: str = "x.pre", in_place: bool = False) -> Tensor:
         r"""Adds the partial aggregates of the pre slots into their owners' rows (pre channel).
 
         Every rank must call it for the same exchange points in the same order, also with
@@ -231,6 +231,11 @@ class HaloExchange:
             aggregated (torch.Tensor): :math:`[N_{own} + S_{pre}, *]`: owned rows, then this
                 rank's pre slots.
             key (str): Name of the exchange point.
+            in_place (bool, optional): Add into :obj:`aggregated`'s owned rows instead of a
+                copy of them (the result then lives on its storage). For a fresh aggregation
+                output that nothing else reads (the partitioned layers' case): it saves an
+                :math:`[N_{own}, *]` copy. A leaf that requires a gradient is never modified.
+                (default: :obj:`False`)
 
         Returns:
             :math:`[N_{own}, *]`; differentiable.
@@ -238,7 +243,7 @@ class HaloExchange:
         if aggregated.size(0) != self.num_targets:
             raise ValueError(f"pre-aggregation '{key}': expected {self.num_targets} rows "
                              f"(owned + pre slots), got {aggregated.size(0)}")
-        return _PreRows.apply(aggregated, self, key, self._training())
+        return _PreRows.apply(aggregated, self, key, self._training(), in_place)
 
     @torch.compiler.disable
     def to_slots(self, owned: Tensor, key: str) -> Tensor:
@@ -593,11 +598,32 @@ class _HaloRecv(torch.autograd.Function):
         return grad_send.to(grad_halo.dtype), None, None, None, None
 
 
+def _owned_rows(aggregated: Tensor, n: int) -> Tensor:
+    r"""The first :obj:`n` rows of a fresh aggregation output, to be added into in place.
+
+    A contiguous output is reused: the result is a new tensor (its own version counter, not
+    an autograd view) on the same storage, so adding the pre slots needs no copy of the
+    owned rows (at scale the largest transient of the pre channel).  The caller vouches that
+    nothing else reads the output (the partitioned layers pass the aggregation module's,
+    which the result replaces); no backward reads it (sum aggregation and this reduction
+    both ignore their outputs).  Anything else (a leaf that requires a gradient, a view of
+    another tensor, a strided output) is copied.
+    """
+    if (aggregated.is_leaf and aggregated.requires_grad) or aggregated._base is not None \
+            or not aggregated.is_contiguous():
+        return aggregated[:n].clone()
+    return aggregated.new_empty(0).set_(aggregated.untyped_storage(),
+                                        aggregated.storage_offset(),
+                                        (n, ) + tuple(aggregated.shape[1:]),
+                                        aggregated.stride())
+
+
 class _PreRows(torch.autograd.Function):
     r"""``[N_own + S_pre, *] -> [N_own, *]``: pre slots added into their owners' rows."""
 
     @staticmethod
-    def forward(ctx, aggregated: Tensor, ex: HaloExchange, key: str, training: bool) -> Tensor:
+    def forward(ctx, aggregated: Tensor, ex: HaloExchange, key: str, training: bool,
+                in_place: bool) -> Tensor:
         ctx.ex, ctx.key, ctx.training = ex, key, training
         n = ex.num_owned
         if ex.pre_empty:
@@ -610,7 +636,7 @@ class _PreRows(torch.autograd.Function):
         else:
             received = ex._send_sampled(aggregated[n:].contiguous(), sampled, key, "forward",
                                         channel="pre")
-        out = aggregated[:n].clone()
+        out = _owned_rows(aggregated, n) if in_place else aggregated[:n].clone()
         out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
         return out
 
@@ -618,7 +644,7 @@ class _PreRows(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         ex: HaloExchange = ctx.ex
         if ex.pre_empty:
-            return grad_out, None, None, None  # no pre slots in this mode
+            return grad_out, None, None, None, None  # no pre slots in this mode
         grad_rows = grad_out.index_select(0, ex.plan.pre.recv_index)
         if ctx.sampled is None:
             grad_slots = ex._send(grad_rows, ex._pre_recv, ex._pre_send, ctx.key, "backward",
@@ -626,4 +652,4 @@ class _PreRows(torch.autograd.Function):
         else:
             grad_slots = ex._send_sampled(grad_rows, ctx.sampled, ctx.key, "backward",
                                           channel="pre")
-        return torch.cat([grad_out, grad_slots.to(grad_out.dtype)], dim=0), None, None, None
+        return torch.cat([grad_out, grad_slots.to(grad_out.dtype)], dim=0), None, None, None, None

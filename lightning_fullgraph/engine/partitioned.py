@@ -461,7 +461,11 @@ def _combine(module, inputs, output):
     pending = active.pending.pop(0)
     out = output
     if pending.mode != "post":
-        out = pending.exchange.reduce(out, key=f"{pending.point}.pre")
+        # The aggregation's output is fresh and replaced by the result: add into it, unless
+        # a propagate hook that ran before this one (the user's) may have kept it.
+        hooks = list(compat.hook_dicts(module, "propagate").values())
+        out = pending.exchange.reduce(out, key=f"{pending.point}.pre",
+                                      in_place=bool(hooks) and hooks[0] is _combine)
     if pending.degree is not None:
         degree = pending.degree.clamp(min=1).to(out.dtype)
         out = out / degree.view((-1, ) + (1, ) * (out.dim() - 1))

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn.conv import GCNConv, gcn_conv
 
+from ..compat import has_forward_hooks
 from .agreement import Agreement
 from .context import current_layer
 from .static import StaticCache, _signature, anchor
@@ -49,6 +50,17 @@ class _LastInput:
 
     def remember(self, x: Tensor) -> None:
         self.tensor, self.signature = weakref.ref(anchor(x)), _signature(x)
+
+
+def _add_bias(layer: GCNConv, out: Tensor) -> Tensor:
+    r"""``out + layer.bias``, in place when :obj:`out` is the linear map's own fresh output
+    (no forward hook of the map could hold it, and the sum keeps its dtype): one
+    :math:`[N, F_{out}]` temporary less, the largest of the layer after its aggregation is
+    cached.  The linear map's backward keeps its inputs, not its output."""
+    if has_forward_hooks(layer.lin) or out._base is not None \
+            or out.dtype != torch.result_type(out, layer.bias):
+        return out + layer.bias
+    return out.add_(layer.bias)
 
 
 def reordered_forward(layer: GCNConv, key: str, original: Callable, static: StaticCache,
@@ -92,7 +104,7 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
                 active.variant = ""
         out = layer.lin(aggregated)
         if layer.bias is not None:
-            out = out + layer.bias
+            out = _add_bias(layer, out)
         return out
 
     return torch.compiler.disable(forward)

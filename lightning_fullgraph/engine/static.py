@@ -48,6 +48,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
+import torch
 from torch import Tensor
 
 from .agreement import Agreement, all_agree_each
@@ -59,6 +60,15 @@ GIVE_UP = 3
 
 
 _PLAIN = (type(None), bool, int, float, str)
+
+
+def _compact(output: Tensor) -> Tensor:
+    r""":obj:`output` on a storage of its own size: a kept aggregation may be the owned rows
+    of a larger buffer (the pre channel adds into the aggregation output in place), whose
+    other rows would otherwise stay allocated as long as the entry."""
+    if output.untyped_storage().nbytes() > output.numel() * output.element_size():
+        return output.clone(memory_format=torch.contiguous_format)
+    return output
 
 
 def _leaves(value: Any) -> Optional[Tuple[Any, ...]]:
@@ -254,6 +264,7 @@ class StaticCache:
         output = (fresh or compute)() if all_static else compute()
         if all_static and isinstance(output, Tensor) and not output.requires_grad \
                 and point not in self._given_up:
+            output = _compact(output)
             self._remember(point, leaves, output)
         else:
             self._aggregations.pop(point, None)

@@ -228,6 +228,23 @@ def _exchange_job(rank, world_size):
     out["reduce_grad_slots"] = torch.equal(agg.grad[len(own):], W.double()[pre[rank].pre_slot_ids])
     slots = px.to_slots(W[own], key="deg")
     out["to_slots"] = torch.equal(slots, W[pre[rank].pre_slot_ids])
+    # in_place=True adds into the aggregation's own storage (no copy of the owned rows) with
+    # the same result and gradients; the default leaves its input alone.
+    base = torch.cat([X.double()[own], vals[rank]]).requires_grad_()
+    fresh = base * 1.0
+    kept = fresh.detach().clone()
+    copied = px.reduce(fresh, key="agg.pre")
+    out["reduce_keeps_input"] = torch.equal(fresh.detach(), kept)
+    added = px.reduce(fresh, key="agg.pre", in_place=True)
+    out["reduce_in_place_shares"] = (
+        added.untyped_storage().data_ptr() == fresh.untyped_storage().data_ptr())
+    out["reduce_in_place_equal"] = torch.equal(added.detach(), copied.detach())
+    (added * W.double()[own]).sum().backward()
+    out["reduce_in_place_grad"] = torch.equal(base.grad, agg.grad)
+    leaf = torch.cat([X.double()[own], vals[rank]]).requires_grad_()
+    leaf_kept = leaf.detach().clone()
+    px.reduce(leaf, key="agg.pre", in_place=True)
+    out["reduce_in_place_spares_leaf"] = torch.equal(leaf.detach(), leaf_kept)
 
     # 5. reduce through the toy codec: decoded partial aggregates added into their owners.
     ptoy = HaloExchange(pre[rank], Transport(), ExchangePolicy(forward=ScaledInt8()), seed=SEED)
@@ -264,6 +281,9 @@ def test_exact_channels(job):
         assert r["extend_grad_err"] < 1e-12
         assert r["reduce_err"] < 1e-9
         assert r["reduce_grad_own"] and r["reduce_grad_slots"] and r["to_slots"]
+        assert r["reduce_keeps_input"] and r["reduce_in_place_equal"]
+        assert r["reduce_in_place_grad"] and r["reduce_in_place_spares_leaf"]
+        assert r["reduce_in_place_shares"]
 
 
 @pytest.mark.multiprocess
