@@ -6,9 +6,9 @@
 
 namespace huge_pages {
 
-// Makes torch's CPU allocations of at least `threshold` bytes 2 MiB-aligned and advised
-// for transparent huge pages (smaller ones, and every free, stay with torch's default
-// allocator).  Returns whether ours is now the CPU allocator: false if another component
+// Makes torch's CPU allocations of at least `threshold` bytes 2 MiB-aligned mappings of their
+// own, advised for transparent huge pages and unmapped when freed (smaller ones stay with
+// torch's default allocator).  Returns whether ours is now the CPU allocator: false if another component
 // replaced torch's default allocator (then nothing is changed).
 bool install(int64_t threshold);
 

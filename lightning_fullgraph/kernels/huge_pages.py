@@ -9,10 +9,12 @@ and 1.17 s in huge pages on our kernels (PyG's own path 8.96 and 4.93 s), the C+
 uniform 1M nodes / 16M edges graph 0.65 and 0.53 s forward. torch allocates large tensors in
 huge pages itself only when ``THP_MEM_ALLOC_ENABLE=1`` is set before its first allocation,
 i.e. before ``import torch``, which a library cannot arrange. So the C++ extension carries a
-CPU allocator that does the same at run time (``csrc/huge_pages.cpp``): allocations of at
-least 2 MiB are 2 MiB-aligned and advised ``MADV_HUGEPAGE``; smaller ones, and every free,
-stay with torch's default allocator, so a tensor allocated while it is installed may outlive
-it. Values, dtypes, devices and autograd are untouched: only where the bytes sit changes.
+CPU allocator that does the same at run time (``csrc/huge_pages.cpp``): an allocation of at
+least 2 MiB is a 2 MiB-aligned mapping of its own, advised ``MADV_HUGEPAGE`` and unmapped when
+freed (glibc keeps freed blocks below its mmap threshold, up to 32 MiB, in its heap: resident
+memory no tensor uses); smaller ones stay with torch's default allocator. A tensor allocated
+while it is installed may outlive it. Values, dtypes, devices and autograd are untouched: only
+where the bytes sit changes.
 
 Modes (:func:`set_huge_pages`, or the environment variable ``LIGHTNING_FULLGRAPH_HUGE_PAGES``
 read at import):

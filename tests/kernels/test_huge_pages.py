@@ -119,7 +119,7 @@ def test_a_tensor_outlives_the_allocator_and_nothing_leaks(restore_mode):
     other = torch.ones(BIG // 4)
     assert HP.huge_pages_info()["allocations"] == count  # torch's allocator again
     assert float(kept.sum()) == BIG // 4
-    del kept, other  # freed by torch's default deleter, whichever allocator made them
+    del kept, other  # freed by the deleter of the allocator that made them
 
     K.set_huge_pages("on")
 
@@ -133,6 +133,22 @@ def test_a_tensor_outlives_the_allocator_and_nothing_leaks(restore_mode):
         t.fill_(2.0)
         del t
     assert rss_kib() - start < 3 * BIG // 1024, "large blocks are not given back"
+
+
+def test_a_freed_block_goes_back_to_the_kernel_at_once(restore_mode):
+    # glibc keeps freed blocks below its mmap threshold in its heap (resident, unused by any
+    # tensor); the threshold rises to the size of the last mmapped block freed, up to 32 MiB.
+    cpp_or_skip()
+    _thp_or_skip()
+    K.set_huge_pages("on")
+    raised = bytearray(24 << 20)  # a 24 MiB malloc, then its free: threshold now 24 MiB
+    del raised
+    t = torch.empty((4 << 20) // 4)
+    t.fill_(1.0)
+    ptr = t.data_ptr()
+    assert ptr % HUGE == 0 and _mapping_of(ptr)
+    del t
+    assert not _mapping_of(ptr), "a freed 4 MiB block is still mapped (kept in a heap)"
 
 
 def test_handle_restores_what_was_in_effect(restore_mode):
