@@ -15,7 +15,7 @@ Quick start::
 Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
 """
 from .backend import BACKENDS, current, resolve, use
-from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr
+from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr, pool_info
 from .functional import aggregate
 from .huge_pages import get_huge_pages, huge_pages_info, set_huge_pages
 from .locality import NodeOrder, get_locality, locality_score, set_locality
@@ -37,6 +37,7 @@ __all__ = [
     "get_csr",
     "clear_cache",
     "cache_info",
+    "pool_info",
     "set_locality",
     "get_locality",
     "locality_score",

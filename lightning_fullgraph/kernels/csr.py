@@ -21,7 +21,7 @@ from torch import Tensor
 from .locality import NodeOrder, choose_order, get_locality
 
 __all__ = ["CSRGraph", "SplitCSR", "build_csr", "build_split_csr", "get_csr", "get_split_csr",
-           "clear_cache", "cache_info"]
+           "clear_cache", "cache_info", "pool_info"]
 
 _CACHE_SIZE = 4
 _SAMPLES = 32
@@ -287,3 +287,21 @@ def cache_info() -> dict:
     """``{"hits", "misses", "size"}`` of the CSR cache."""
     with _lock:
         return {**_stats, "size": len(_cache)}
+
+
+def pool_info() -> dict:
+    """The C++ kernels' output pool (recycled buffers for outputs of at least 8 MiB):
+    ``{"hits", "misses", "idle_bytes", "idle_buffers", "limit_bytes"}``; all zero when the
+    extension is not loaded (never builds it) or has no pool.
+
+    ``idle_bytes`` is memory no tensor uses, held for a later output of the same size. A size
+    whose idle buffers were dropped unused more often than reused stops being kept;
+    :func:`clear_cache` releases the idle buffers and forgets that history.
+    """
+    from . import cpp
+
+    names = ("hits", "misses", "idle_bytes", "idle_buffers", "limit_bytes")
+    ext = cpp._module
+    stats = getattr(ext, "pool_stats", None)
+    values = stats() if stats is not None else [0] * len(names)
+    return dict(zip(names, (int(v) for v in values)))
