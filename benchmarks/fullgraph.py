@@ -185,6 +185,13 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
     from torch_geometric import nn as pyg_nn
 
     engine = None
+    if cfg.get("kernels", "pyg") in ("auto", "cpp"):
+        # As FullGraphStrategy does in setup_environment: the huge-page allocator goes in
+        # before the data is loaded and the plans are built (the mode: auto, or the
+        # LIGHTNING_FULLGRAPH_HUGE_PAGES environment variable), in every process alike.
+        from lightning_fullgraph.kernels import huge_pages
+        huge_pages.enable_for_kernels(None)
+        rec["huge_pages"] = huge_pages.is_active()
     t0 = time.perf_counter()
     # cfg["engine_single"]: one rank through the engine (a 1-part partition) instead of
     # plain PyG on the global graph.
