@@ -461,8 +461,9 @@ def _combine(module, inputs, output):
     pending = active.pending.pop(0)
     out = output
     if pending.mode != "post":
-        # The aggregation's output is fresh and replaced by the result: add into it, unless
-        # a propagate hook that ran before this one (the user's) may have kept it.
+        # The aggregation's output (pre layers keep PyG's identity `update`: pre_eligible) is
+        # fresh and replaced by the result: add into it, unless a propagate hook that ran
+        # before this one (the user's) may have kept it.
         hooks = list(compat.hook_dicts(module, "propagate").values())
         out = pending.exchange.reduce(out, key=f"{pending.point}.pre",
                                       in_place=bool(hooks) and hooks[0] is _combine)
