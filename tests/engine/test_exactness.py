@@ -120,9 +120,13 @@ def _compare_all_layers(rank: int, world_size: int, aggregation: str = "post"):
 TRAJECTORY32 = {"post": 3e-5, "hybrid": 3e-5, "pre": 3e-5}
 
 
+# P = 3 (the odd world size) runs hybrid and pre; "post" there is what hybrid runs for every
+# layer it does not pre-aggregate, and tests/engine/test_catalogue.py checks post at P = 3 for
+# every catalogued layer, attention included (logits and gradients; trajectories of post run
+# at P = 2 and 4 here: kept out of CI's time budget at 3).
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("world_size,aggregation", [
-    (2, "post"), (3, "post"), (4, "post"),
+    (2, "post"), (4, "post"),
     (2, "hybrid"), (3, "hybrid"), (4, "hybrid"),
     (2, "pre"), (3, "pre"), (4, "pre"),
 ])
