@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -205,6 +206,34 @@ def _compare(profile, counts, link, measured: List[Dict[str, Any]], epochs: int,
     }
 
 
+def _observed(profile, counts, measured: List[Dict[str, Any]], epochs: int):
+    r"""Per steady-state epoch and exchange point: ``(calls, busiest bytes, seconds of the
+    rank that arrived last)``, for :func:`~lightning_fullgraph.planner.fit_link`."""
+    from lightning_fullgraph.planner import observations, predict
+    steady = predict(profile, counts)
+    out = []
+    for epoch in (range(1, epochs) if epochs > 1 else range(epochs)):
+        seconds = {tuple(k.split("|")): min(r[epoch][k][5] for r in measured)
+                   for k in measured[0][epoch]}
+        out += observations(steady, seconds)
+    return out
+
+
+def _held_out(rows, observed, profiles, counts, link) -> None:
+    r"""Per mode, the time predicted by a link fitted to the *other* modes' training
+    exchanges (``fit_ms``, ``ratio_fit``): the planner's model as training meets the link,
+    tested on exchange sets it was not fitted to."""
+    from lightning_fullgraph.planner import CommunicationModel, fit_link
+    for row in rows:
+        others = [o for m, obs in observed.items() if m != row["mode"] for o in obs]
+        if not others:
+            continue
+        fitted = fit_link(others, row["parts"], prior=link)
+        seconds = CommunicationModel(profiles[row["mode"]], fitted).predict(counts).seconds
+        row.update(fit_s=seconds, ratio_fit=seconds / row["measured_s"],
+                   fit_alpha_us=fitted.alpha * 1e6, fit_beta_GBps=fitted.beta / 1e9)
+
+
 def run(datasets, parts, spec, cache_dir=None) -> Dict[str, Any]:
     from lightning_fullgraph.data import load_dataset
     from lightning_fullgraph.partition import partition_graph
@@ -227,12 +256,17 @@ def run(datasets, parts, spec, cache_dir=None) -> Dict[str, Any]:
             links = [LinkModel.from_dict(r["link"]) for r in results]
             assert all(link == links[0] for link in links), "calibration differs between ranks"
             link = links[0]
+            here, observed = [], {}
             for mode in spec["modes"]:
-                row = _compare(profiles[mode], counts, link, [r["runs"][mode] for r in results],
+                measured = [r["runs"][mode] for r in results]
+                row = _compare(profiles[mode], counts, link, measured,
                                spec["epochs"], [r["replay"][mode] for r in results])
                 row.update(dataset=name, parts=P, mode=mode, alpha_us=link.alpha * 1e6,
                            beta_GBps=link.beta / 1e9)
-                rows.append(row)
+                here.append(row)
+                observed[mode] = _observed(profiles[mode], counts, measured, spec["epochs"])
+            _held_out(here, observed, profiles, counts, link)
+            rows += here
             _say(f"{name} P={P} done in {time.perf_counter() - t0:.0f} s "
                  f"(link: {link.describe()})")
     return {"spec": spec, "rows": rows,
@@ -241,13 +275,17 @@ def run(datasets, parts, spec, cache_dir=None) -> Dict[str, Any]:
                             r["ratio"] is not None and 0.5 <= r["ratio"] <= 2 for r in rows),
                         "time_within_2x_replay": all(
                             r["ratio_replay"] is not None and 0.5 <= r["ratio_replay"] <= 2
+                            for r in rows),
+                        "time_within_2x_fitted_in_training": all(
+                            r.get("ratio_fit") is not None and 0.5 <= r["ratio_fit"] <= 2
                             for r in rows)}}
 
 
 def table(result: Dict[str, Any]) -> str:
     head = (f"{'dataset':<10} {'P':>2} {'mode':<7} {'pred MB':>8} {'meas MB':>8} {'exact':>5} "
             f"{'calls':>5} {'pred ms':>8} {'replay ms':>9} {'ratio':>6} {'train ms':>8} "
-            f"{'ratio':>6} {'rank-mean':>9}  alpha us / beta GB/s")
+            f"{'ratio':>6} {'rank-mean':>9} {'fit ms':>7} {'ratio':>6}  alpha us / beta GB/s "
+            f"(ping-pong; fitted)")
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
         name = r["dataset"].split(":")[0]
@@ -256,14 +294,19 @@ def table(result: Dict[str, Any]) -> str:
             f"{r['measured_bytes'] / 1e6:>8.3f} {'yes' if r['bytes_exact'] else 'NO':>5} "
             f"{r['exchanges']:>5} {r['predicted_s'] * 1e3:>8.2f} {r['replay_s'] * 1e3:>9.2f} "
             f"{r['ratio_replay']:>6.2f} {r['measured_s'] * 1e3:>8.2f} {r['ratio']:>6.2f} "
-            f"{r['rank_mean_s'] * 1e3:>9.2f}  {r['alpha_us']:.0f} / {r['beta_GBps']:.2f}")
+            f"{r['rank_mean_s'] * 1e3:>9.2f} {r.get('fit_s', math.nan) * 1e3:>7.2f} "
+            f"{r.get('ratio_fit', math.nan):>6.2f}  {r['alpha_us']:.0f} / {r['beta_GBps']:.2f}; "
+            f"{r.get('fit_alpha_us', math.nan):.0f} / {r.get('fit_beta_GBps', math.nan):.2f}")
     t = result["targets"]
     lines.append("MB: bytes sent per epoch, all ranks; ms: exchange time per epoch (steady "
                  "state); replay: the epoch's exchanges replayed back to back; train: inside "
-                 "training (per exchange the fastest rank); ratio = predicted / measured")
+                 "training (per exchange the fastest rank); fit: predicted by a link fitted to "
+                 "the other modes' training exchanges; ratio = predicted / measured (train for "
+                 "fit)")
     lines.append(f"bytes predicted == measured (every epoch, rank, point, direction): "
                  f"{t['bytes_exact']}; time within 2x: replay {t['time_within_2x_replay']}, "
-                 f"in training {t['time_within_2x_in_training']}")
+                 f"in training {t['time_within_2x_in_training']} (ping-pong link), "
+                 f"{t['time_within_2x_fitted_in_training']} (link fitted to the other modes)")
     return "\n".join(lines)
 
 

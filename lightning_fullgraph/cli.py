@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cache-dir", default=None, help="partition cache root")
     t.add_argument("--accelerator", default="cpu")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    t.add_argument("--save-link", default=None, metavar="FILE.json",
+                   help="write the latency/bandwidth fitted to this run's exchanges (the link "
+                        "as training meets it; --strategy fullgraph, more than one process), "
+                        "for 'plan --link FILE.json'")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
     _add_plan_parser(sub)
     return parser
@@ -241,8 +245,9 @@ def _add_plan_parser(sub) -> None:
                    help="what METIS minimizes: vol = the halo rows exchanged (default), "
                         "cut = the cut edges")
     q.add_argument("--link", default=None, metavar="FILE.json",
-                   help="latency/bandwidth from a file written by --save-link instead of "
-                        "measuring them; 'none': predict no times")
+                   help="latency/bandwidth from a file written by --save-link (of 'plan', or "
+                        "of 'train': fitted to a run's exchanges) instead of measuring them; "
+                        "'none': predict no times")
     q.add_argument("--calibration-processes", type=int, default=2,
                    help="local gloo processes the latency/bandwidth are measured on "
                         "(default: 2)")
@@ -352,6 +357,9 @@ def _train(args) -> int:
         raise ValueError(f"--level-percentiles sets the per-node widths of --codec adaptive; "
                          f"it needs --strategy fullgraph and --codec adaptive or adaptive2 "
                          f"(got --strategy {args.strategy} --codec {args.codec})")
+    if args.save_link and args.strategy != "fullgraph":
+        raise ValueError(f"--save-link writes the link fitted to the halo exchanges: it needs "
+                         f"--strategy fullgraph (got --strategy {args.strategy})")
     if args.model == "scalegnn" and args.strategy != "4d":
         raise ValueError("--model scalegnn trains on sampled mini-batches: use --strategy 4d")
     if args.loader != "full" and args.strategy != "pyg":
@@ -406,7 +414,7 @@ def _train(args) -> int:
                                      boundary_sampling=args.boundary_sampling,
                                      overlap=args.overlap,
                                      startup_timeout=args.startup_timeout)
-        devices, callbacks = args.devices, [CommunicationMonitor()]
+        devices, callbacks = args.devices, [CommunicationMonitor(save_link=args.save_link)]
         if args.adaptive_bits:
             from .callbacks import AdaptiveBitWidth
             callbacks.append(AdaptiveBitWidth())
@@ -446,6 +454,12 @@ def _train(args) -> int:
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     fit_seconds = time.perf_counter() - start
+    if args.save_link and trainer.is_global_zero:
+        fitted = callbacks[0].fitted_link
+        print(f"link fitted to the run's exchanges: {fitted.describe()}; written to "
+              f"{args.save_link}" if fitted is not None else
+              f"note: no link was fitted (it needs 2+ processes and 2+ epochs); "
+              f"{args.save_link} not written", file=sys.stderr)
     # Means over the run: the width (--adaptive-bits) and what crosses the wire can change
     # from epoch to epoch; the last epoch's bytes are reported beside them.
     comm = callbacks[0].run_mean() if callbacks else {}

@@ -68,8 +68,10 @@ def test_train_json_on_two_processes(tmp_path):
     other = tmp_path / "other"
     assert main(["partition", "--dataset", "synthetic:nodes=500,degree=4", "--parts", "2",
                  "--cache-dir", str(tmp_path / "cache"), "--out", str(other)]) == 0
+    link_file = tmp_path / "fitted-link.json"
     proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "20", "--json",
-                "--aggregation", "pre", LIGHTNING_FULLGRAPH_PARTITION_DIR=str(other))
+                "--aggregation", "pre", "--save-link", str(link_file),
+                LIGHTNING_FULLGRAPH_PARTITION_DIR=str(other))
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)  # stdout is the JSON document and nothing else
     assert summary["nodes"] == 2708  # Cora, not the stale partition
@@ -77,6 +79,11 @@ def test_train_json_on_two_processes(tmp_path):
     assert summary["test_acc"] > 0.6
     assert summary["comm_MB_per_epoch_per_rank"] > 0
     assert summary["aggregation"] == "pre"
+    # The link fitted to the run's exchanges, for the planner to predict with.
+    from lightning_fullgraph.planner import LinkModel
+    link = LinkModel.load(link_file)
+    assert (link.source, link.world_size) == ("training", 2) and link.samples
+    assert "link fitted to the run's exchanges" in proc.stderr
     from lightning_fullgraph.kernels import huge_pages
     if huge_pages._why_not() is None and not huge_pages._torch_does_it():
         assert summary["huge_pages"] is True  # the default with the CPU kernels
@@ -131,6 +138,11 @@ def test_adaptive_bits_needs_a_quantized_codec(capsys):
 
 
 @pytest.mark.multiprocess
+def test_save_link_needs_the_halo_exchange(capsys):
+    assert main(["train", "--strategy", "pyg", "--save-link", "x.json"]) == 2
+    assert "--save-link" in capsys.readouterr().err
+
+
 def test_train_error_is_printed_once(tmp_path):
     proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "2", "--num-classes", "3")
     assert proc.returncode == 2, proc.stderr[-4000:]

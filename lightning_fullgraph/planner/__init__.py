@@ -9,6 +9,8 @@ to the measured figures while training
 
 * :mod:`.link` / :mod:`.calibrate`: latency, bandwidth and codec throughput of the actual
   process group (:class:`LinkModel`, :func:`calibrate`, :func:`calibrate_local`);
+* :mod:`.fit`: the same fitted to the exchanges of a run, as training meets the link
+  (:func:`fit_link`, :func:`observations`);
 * :mod:`.profile`: what a model exchanges per step (:func:`profile_model`,
   :class:`ExchangeProfile`, :class:`ExchangeRecorder`);
 * :mod:`.counts`: the plans as rows per rank, channel and peer (:class:`RankCounts`);
@@ -26,6 +28,7 @@ Example::
 """
 from .calibrate import DEFAULT_SIZES, calibrate, calibrate_codec, calibrate_local
 from .counts import RankCounts, partition_counts
+from .fit import fit_link, observations
 from .link import LinkModel
 from .memory import memory_estimate
 from .model import CommunicationModel, PointPrediction, Prediction, predict
@@ -38,6 +41,8 @@ __all__ = [
     "calibrate_codec",
     "calibrate_local",
     "DEFAULT_SIZES",
+    "fit_link",
+    "observations",
     "ExchangeCall",
     "ExchangeProfile",
     "ExchangeRecorder",

@@ -38,6 +38,8 @@ class LinkModel:
         samples (List[Tuple[int, float]]): The measurements: bytes one rank sent per exchange,
             mean over repetitions of the fastest rank's seconds.
         codec (str): Class name of the measured codec.
+        source (str): How it was measured: ``"ping-pong"`` (:func:`~.calibrate.calibrate`) or
+            ``"training"`` (:func:`~.fit.fit_link`, from the exchanges of a run).
     """
     alpha: float
     beta: float
@@ -47,6 +49,7 @@ class LinkModel:
     device: str = "cpu"
     samples: List[Tuple[int, float]] = field(default_factory=list)
     codec: str = "IdentityCodec"
+    source: str = "ping-pong"
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "codec_throughput"):
@@ -55,6 +58,9 @@ class LinkModel:
                 raise ValueError(f"LinkModel.{name} must be positive, got {value}")
             setattr(self, name, value)
         self.samples = [(int(b), float(s)) for b, s in self.samples]
+        if self.source not in ("ping-pong", "training"):
+            raise ValueError(f"LinkModel.source must be 'ping-pong' or 'training', "
+                             f"got {self.source!r}")
 
     def exchange_seconds(self, bytes_per_rank: float, world_size: int) -> float:
         r"""Predicted seconds of one exchange.
@@ -158,6 +164,7 @@ class LinkModel:
         """
         codec = "" if math.isinf(self.codec_throughput) else \
             f", codec {self.codec_throughput / 1e9:.2f} GB/s"
+        source = ", fitted to training" if self.source == "training" else ""
         return (f"alpha {self.alpha * 1e6:.1f} us/peer, beta {self.beta / 1e9:.3f} GB/s{codec} "
                 f"({self.backend}, {self.world_size} rank{'s' if self.world_size != 1 else ''}, "
-                f"{self.device})")
+                f"{self.device}{source})")

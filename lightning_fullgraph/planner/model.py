@@ -48,6 +48,8 @@ class PointPrediction:
         rows_sent, rows_received, bytes_sent, bytes_received (List[int]): Per rank.
         seconds (float, optional): Exchange seconds (busiest rank per call), with a link.
         codec_seconds (float, optional): Encode + decode seconds (busiest rank per call).
+        busiest_bytes (int): Summed over the calls, the bytes the busiest rank sends or
+            receives (the larger): what the bandwidth term of :attr:`seconds` divides.
     """
     key: str
     direction: str
@@ -59,6 +61,7 @@ class PointPrediction:
     bytes_received: List[int] = field(default_factory=list)
     seconds: Optional[float] = None
     codec_seconds: Optional[float] = None
+    busiest_bytes: int = 0
 
 
 @dataclass
@@ -282,7 +285,7 @@ class CommunicationModel:
                     0.0 if self.link is not None else None,
                     0.0 if self.link is not None else None)
             point.calls += times
-            worst, worst_codec = 0.0, 0.0
+            worst, worst_codec, busiest = 0.0, 0.0, 0
             for r, c in enumerate(counts):
                 sent, received = self.call_rows(call, c)
                 s, rec = sum(sent), sum(received)
@@ -290,12 +293,14 @@ class CommunicationModel:
                 point.rows_received[r] += rec * times
                 point.bytes_sent[r] += s * times * call.row_bytes
                 point.bytes_received[r] += rec * times * call.row_bytes
+                busiest = max(busiest, max(s, rec) * call.row_bytes)
                 if hosts > 1:
                     inter += times * call.row_bytes * sum(
                         n for peer, n in enumerate(sent) if peer // per_host != r // per_host)
                 if self.link is not None:
                     t, tc = self.call_seconds(call, c)
                     worst, worst_codec = max(worst, t), max(worst_codec, tc)
+            point.busiest_bytes += times * busiest
             if self.link is not None:
                 point.seconds += times * worst
                 point.codec_seconds += times * worst_codec

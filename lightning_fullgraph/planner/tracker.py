@@ -10,6 +10,12 @@ with a link model, its view of the seconds of every exchange.  It adds no collec
 per-exchange seconds are returned as a vector for the caller to reduce with ``MAX`` together
 with what it reduces anyway (every rank's vector has the same length and order, because every
 rank makes the same exchange calls).
+
+It also fits the link to the run (:func:`~.fit.fit_link`): per epoch it hands the caller a
+vector of this rank's busiest bytes and negated measured seconds per exchange call and point,
+reduced with ``MAX`` in the same all-reduce, and from the reduced vectors of the
+steady-state epochs it refits :attr:`PredictionTracker.fitted` -- the link as training meets
+it, which ``lightning-fullgraph plan --link`` can read.
 """
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
@@ -18,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .counts import RankCounts
+from .fit import fit_link
 from .link import LinkModel
 from .model import CommunicationModel
 from .profile import ExchangeCall, ExchangeProfile, ExchangeRecorder
@@ -60,6 +67,9 @@ class PredictionTracker:
         self.offset = {p: 0 for p in PHASES}     # index at the epoch's start
         self.in_epoch = {p: 0 for p in PHASES}   # steps in the current epoch
         self._active: Optional[str] = None
+        self.observed: List[Tuple[int, int, float]] = []  # (calls, busiest bytes, seconds)
+        self.fitted: Optional[LinkModel] = None  # the link fitted to this run's exchanges
+        self._epoch_calls: Optional[list] = None
         if profile is None:
             recorder = ExchangeRecorder(getattr(engine, "exchanges", None)
                                         or {"post": engine.exchange})
@@ -140,6 +150,7 @@ class PredictionTracker:
         """
         calls = self.profile.calls(self.in_epoch["train"], self.in_epoch["eval"],
                                    self.offset["train"], self.offset["eval"])
+        self._epoch_calls = sorted(calls.items(), key=lambda kv: _order(kv[0]))
         model = CommunicationModel(self.profile, self.link)
         totals = model.rank_bytes(self.counts, calls)
         out = {"comm/predicted_sent_MB": totals.get("bytes_sent", 0) / 1e6,
@@ -149,6 +160,66 @@ class PredictionTracker:
         seconds = [times * model.call_seconds(call, self.counts)[0]
                    for call, times in sorted(calls.items(), key=lambda kv: _order(kv[0]))]
         return out, torch.tensor(seconds, dtype=torch.float64)
+
+    # -- the link as training meets it ------------------------------------------------------
+    def _points(self) -> List[Tuple[str, str]]:
+        return sorted({(call.key, call.direction) for call, _ in self._epoch_calls or ()})
+
+    def observation_vector(self, stats: Any) -> Tensor:
+        r"""This rank's share of the epoch's observations (after :meth:`epoch_end`), to be
+        reduced with ``MAX``: per exchange call its bytes (the larger of sent and received),
+        then per exchange point its negated measured seconds (the maximum of the negated is
+        the smallest time: the rank that arrived last, which waited for no one's compute).
+
+        Args:
+            stats (CommStats): The engine's counters of the epoch.
+
+        Returns:
+            torch.Tensor: float64, the same length and order on every rank.
+        """
+        calls = self._epoch_calls or []
+        busiest = []
+        for call, times in calls:
+            sent, received = CommunicationModel.call_rows(call, self.counts)
+            busiest.append(float(times * max(sum(sent), sum(received)) * call.row_bytes))
+        counters = stats.counters
+        seconds = [-(counters[k].seconds if k in counters else 0.0) for k in self._points()]
+        return torch.tensor(busiest + seconds, dtype=torch.float64)
+
+    def observe(self, reduced: Tensor) -> Optional[LinkModel]:
+        r"""Adds the epoch's reduced :meth:`observation_vector` and refits :attr:`fitted`.
+
+        Only steady-state epochs count: not the run's first training epoch (one-time
+        exchanges, first-touch allocations), nor one whose exchange calls are still being
+        recorded.  The same on every rank (it reads only reduced values).
+
+        Args:
+            reduced (torch.Tensor): The vector reduced with ``MAX`` over ranks.
+
+        Returns:
+            LinkModel or None: :attr:`fitted`.
+        """
+        calls, points = self._epoch_calls or [], self._points()
+        if len(reduced) != len(calls) + len(points):
+            raise ValueError("the reduced observations do not match this epoch's calls")
+        recorded = self.given is not None or all(
+            self.steady[p] or not self.in_epoch[p] for p in PHASES)
+        if self.counts.world_size < 2 or self.offset["train"] == 0 or not recorded:
+            return self.fitted
+        per_point: Dict[Tuple[str, str], List[float]] = {k: [0, 0.0] for k in points}
+        for (call, times), b in zip(calls, reduced[:len(calls)].tolist()):
+            entry = per_point[(call.key, call.direction)]
+            entry[0] += times
+            entry[1] += b
+        for k, s in zip(points, reduced[len(calls):].tolist()):
+            n, b = per_point[k]
+            if n:
+                self.observed.append((int(n), int(b), -s))
+        try:
+            self.fitted = fit_link(self.observed, self.counts.world_size, prior=self.link)
+        except ValueError:  # nothing timed yet (e.g. every exchange of zero seconds)
+            pass
+        return self.fitted
 
     def close(self) -> None:
         r"""Stops recording (restores the exchanges' own methods)."""

@@ -1,7 +1,8 @@
 """On gloo ranks: predicted bytes equal the engine's measured bytes, per exchange point and
 direction, for every step of a run; calibration is the same on every rank; the
 CommunicationMonitor logs predictions equal to its measurements (with exchange calls recorded
-from the run or profiled before it, and a link given or calibrated at fit start)."""
+from the run or profiled before it, and a link given or calibrated at fit start), and fits the
+same link to the run's exchanges on every rank."""
 from types import SimpleNamespace
 
 import pytest
@@ -58,7 +59,7 @@ def _run_steps(part, kind, mode, num_features, codec=None):
     return train, evals
 
 
-def _monitor(part, kind, mode, num_features, profile, link):
+def _monitor(part, kind, mode, num_features, profile, link, save_link=None):
     from lightning_fullgraph.callbacks import CommunicationMonitor
     engine = FullGraphEngine(part, aggregation=mode)
     model = build(kind, num_features)
@@ -67,10 +68,11 @@ def _monitor(part, kind, mode, num_features, profile, link):
     module = SimpleNamespace(log=lambda name, value, **kw: logged.__setitem__(name, value))
     trainer = SimpleNamespace(strategy=SimpleNamespace(engine=engine), datamodule=None,
                               loggers=[], state=SimpleNamespace(fn="fit"))
-    monitor = CommunicationMonitor(profile=profile, link=link)
+    monitor = CommunicationMonitor(profile=profile, link=link, save_link=save_link)
     monitor.on_fit_start(trainer, module)
+    trainer.is_global_zero = engine.transport.rank == 0
     data, epochs = engine.data, []
-    for _ in range(3):
+    for _ in range(4):
         monitor.on_train_epoch_start(trainer, module)
         monitor.on_train_batch_start(trainer, module, data, 0)
         model.train()
@@ -87,10 +89,11 @@ def _monitor(part, kind, mode, num_features, profile, link):
     monitor.on_fit_end(trainer, module)
     assert not any("_send" in ex.__dict__ for ex in engine.exchanges.values())  # unwrapped
     engine.detach()
-    return epochs
+    fitted = monitor.fitted_link.to_dict() if monitor.fitted_link is not None else None
+    return dict(epochs=epochs, fitted=fitted)
 
 
-def _rank(rank, world_size, profiles):
+def _rank(rank, world_size, profiles, save_link):
     data, parts = partitions(world_size)
     part = parts[rank]
     link = calibrate(sizes=(0, 1 << 14, 1 << 18), repeats=3, warmup=1, codec_rows=256)
@@ -103,14 +106,14 @@ def _rank(rank, world_size, profiles):
         monitored = {
             "recorded": _monitor(part, "gcn", "hybrid", data.num_features, None, link),
             "profiled": _monitor(part, "sage", "pre", data.num_features,
-                                 profiles[("sage", "pre")], "calibrate"),
+                                 profiles[("sage", "pre")], "calibrate", save_link),
         }
     return dict(link=link.to_dict(), runs=runs, monitored=monitored)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_predicted_bytes_equal_measured_bytes(world_size):
+def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
     data, parts = partitions(world_size)
     profiles = {(kind, mode): profile_model(build(kind, data.num_features), data.num_features,
                                             aggregation=mode, forward=_forward)
@@ -118,7 +121,8 @@ def test_predicted_bytes_equal_measured_bytes(world_size):
     profiles[("gcn", "hybrid", CODEC)] = profile_model(
         build("gcn", data.num_features), data.num_features, aggregation="hybrid",
         forward=_forward, codec=codec_from_name(CODEC))
-    results = run_distributed(_rank, world_size, profiles, timeout_s=300)
+    save_link = tmp_path / "fitted.json"
+    results = run_distributed(_rank, world_size, profiles, str(save_link), timeout_s=300)
     counts = partition_counts(parts)
 
     # Calibration: positive, finite and identical on every rank.
@@ -144,8 +148,8 @@ def test_predicted_bytes_equal_measured_bytes(world_size):
     assert sum(c["bytes_sent"] for c in lossy.values()) \
         < sum(c["bytes_sent"] for c in exact.values()) / 2  # the codec was in use
 
-    for name, epochs in results[0]["monitored"].items():
-        for logged in epochs:
+    for name, monitored in results[0]["monitored"].items():
+        for logged in monitored["epochs"]:
             assert logged["comm/predicted_sent_MB"] == pytest.approx(logged["comm/sent_MB"],
                                                                      rel=1e-12), name
             assert logged["comm/predicted_received_MB"] == pytest.approx(
@@ -155,5 +159,20 @@ def test_predicted_bytes_equal_measured_bytes(world_size):
             assert logged["comm/predicted_exchange_s"] > 0, name
     for name in results[0]["monitored"]:
         # The same on every rank: the per-exchange maxima are reduced over ranks.
-        last = [r["monitored"][name][-1]["comm/predicted_exchange_s"] for r in results]
+        last = [r["monitored"][name]["epochs"][-1]["comm/predicted_exchange_s"]
+                for r in results]
         assert all(s == last[0] for s in last), name
+        # The link fitted to the run: none from the first epoch (one-time exchanges), then
+        # the same on every rank (fitted from reduced values only), logged and saved.
+        first = results[0]["monitored"][name]["epochs"][0]
+        assert "comm/fitted_latency_us" not in first, name
+        fitted = [r["monitored"][name]["fitted"] for r in results]
+        assert fitted[0] is not None and all(f == fitted[0] for f in fitted), name
+        link = LinkModel.from_dict(fitted[0])
+        assert link.source == "training" and link.world_size == 2 and link.samples, name
+        logged = results[0]["monitored"][name]["epochs"][-1]
+        assert logged["comm/fitted_latency_us"] == pytest.approx(link.alpha * 1e6), name
+        assert logged["comm/fitted_bandwidth_GBps"] == pytest.approx(link.beta / 1e9), name
+    if world_size == 2:
+        assert LinkModel.load(save_link) == LinkModel.from_dict(
+            results[0]["monitored"]["profiled"]["fitted"])
