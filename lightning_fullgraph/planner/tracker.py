@@ -12,8 +12,8 @@ with what it reduces anyway (every rank's vector has the same length and order, 
 rank makes the same exchange calls).
 
 It also fits the link to the run (:func:`~.fit.fit_link`): per epoch it hands the caller a
-vector of this rank's busiest bytes and negated measured seconds per exchange call and point,
-reduced with ``MAX`` in the same all-reduce, and from the reduced vectors of the
+vector of this rank's measured calls, bytes and negated seconds per exchange point, reduced
+with ``MAX`` in the same all-reduce, and from the reduced vectors of the
 steady-state epochs it refits :attr:`PredictionTracker.fitted` -- the link as training meets
 it, which ``lightning-fullgraph plan --link`` can read.
 """
@@ -167,24 +167,24 @@ class PredictionTracker:
 
     def observation_vector(self, stats: Any) -> Tensor:
         r"""This rank's share of the epoch's observations (after :meth:`epoch_end`), to be
-        reduced with ``MAX``: per exchange call its bytes (the larger of sent and received),
-        then per exchange point its negated measured seconds (the maximum of the negated is
-        the smallest time: the rank that arrived last, which waited for no one's compute).
+        reduced with ``MAX``: per exchange point of the epoch, the exchanges it made, the bytes
+        this rank moved through it (the larger of sent and received: the busiest rank's after
+        the reduction) and its negated seconds (the maximum of the negated is the smallest
+        time: the rank that arrived last, which waited for no one's compute).  Measured, not
+        predicted: what a cache skipped or a codec compressed counts as it went.
 
         Args:
             stats (CommStats): The engine's counters of the epoch.
 
         Returns:
-            torch.Tensor: float64, the same length and order on every rank.
+            torch.Tensor: float64 ``[3 * points]``, the same length and order on every rank.
         """
-        calls = self._epoch_calls or []
-        busiest = []
-        for call, times in calls:
-            sent, received = CommunicationModel.call_rows(call, self.counts)
-            busiest.append(float(times * max(sum(sent), sum(received)) * call.row_bytes))
-        counters = stats.counters
-        seconds = [-(counters[k].seconds if k in counters else 0.0) for k in self._points()]
-        return torch.tensor(busiest + seconds, dtype=torch.float64)
+        counters, out = stats.counters, []
+        for k in self._points():
+            c = counters.get(k)
+            out += [float(c.calls), float(max(c.bytes_sent, c.bytes_received)), -c.seconds] \
+                if c is not None else [0.0, 0.0, 0.0]
+        return torch.tensor(out, dtype=torch.float64)
 
     def observe(self, reduced: Tensor) -> Optional[LinkModel]:
         r"""Adds the epoch's reduced :meth:`observation_vector` and refits :attr:`fitted`.
@@ -199,22 +199,15 @@ class PredictionTracker:
         Returns:
             LinkModel or None: :attr:`fitted`.
         """
-        calls, points = self._epoch_calls or [], self._points()
-        if len(reduced) != len(calls) + len(points):
-            raise ValueError("the reduced observations do not match this epoch's calls")
+        if len(reduced) != 3 * len(self._points()):
+            raise ValueError("the reduced observations do not match this epoch's points")
         recorded = self.given is not None or all(
             self.steady[p] or not self.in_epoch[p] for p in PHASES)
         if self.counts.world_size < 2 or self.offset["train"] == 0 or not recorded:
             return self.fitted
-        per_point: Dict[Tuple[str, str], List[float]] = {k: [0, 0.0] for k in points}
-        for (call, times), b in zip(calls, reduced[:len(calls)].tolist()):
-            entry = per_point[(call.key, call.direction)]
-            entry[0] += times
-            entry[1] += b
-        for k, s in zip(points, reduced[len(calls):].tolist()):
-            n, b = per_point[k]
-            if n:
-                self.observed.append((int(n), int(b), -s))
+        for calls, nbytes, negated in reduced.view(-1, 3).tolist():
+            if calls > 0:
+                self.observed.append((int(calls), int(nbytes), -negated))
         try:
             self.fitted = fit_link(self.observed, self.counts.world_size, prior=self.link)
         except ValueError:  # nothing timed yet (e.g. every exchange of zero seconds)
