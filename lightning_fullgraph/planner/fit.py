@@ -80,7 +80,8 @@ def _solve(rows: Sequence[Tuple[float, float, float]]) -> Tuple[float, float]:
 
 
 def fit_link(samples: Iterable[Tuple[int, int, float]], world_size: int,
-             prior: Optional[LinkModel] = None) -> LinkModel:
+             prior: Optional[LinkModel] = None, *, backend: Optional[str] = None,
+             device: Optional[str] = None) -> LinkModel:
     r"""Latency and bandwidth fitted to measured exchanges.
 
     Args:
@@ -90,6 +91,10 @@ def fit_link(samples: Iterable[Tuple[int, int, float]], world_size: int,
         world_size (int): Ranks of the group (at least 2).
         prior (LinkModel, optional): A ping-pong calibration of the same group: its bandwidth
             is kept when the samples cannot tell it (and its codec throughput always).
+        backend (str, optional): The group's backend (default: the prior's, else
+            ``"unknown"``).
+        device (str, optional): Device of the exchanged tensors (default: the prior's, else
+            ``"cpu"``).
 
     Returns:
         LinkModel: ``source="training"``; its :attr:`~.LinkModel.samples` are the observations
@@ -129,8 +134,8 @@ def fit_link(samples: Iterable[Tuple[int, int, float]], world_size: int,
     return LinkModel(alpha=a, beta=beta,
                      codec_throughput=prior.codec_throughput if prior is not None else math.inf,
                      world_size=int(world_size),
-                     backend=prior.backend if prior is not None else "unknown",
-                     device=prior.device if prior is not None else "cpu",
+                     backend=backend or (prior.backend if prior is not None else "unknown"),
+                     device=device or (prior.device if prior is not None else "cpu"),
                      samples=[(b // n, t / n) for n, b, t in samples],
                      codec=prior.codec if prior is not None else "IdentityCodec",
                      source="training")

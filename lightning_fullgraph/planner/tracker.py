@@ -18,6 +18,7 @@ steady-state epochs it refits :attr:`PredictionTracker.fitted` -- the link as tr
 it, which ``lightning-fullgraph plan --link`` can read.
 """
 import warnings
+from collections import deque
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -32,6 +33,9 @@ from .profile import ExchangeCall, ExchangeProfile, ExchangeRecorder
 __all__ = ["PredictionTracker"]
 
 PHASES = ("train", "eval")
+#: Observations the fitted link rests on: the latest ones (a long run's link as it is now, and a
+#: fit that costs the same in its ten-thousandth epoch as in its tenth).
+FIT_WINDOW = 1024
 
 
 def _order(call: ExchangeCall) -> tuple:
@@ -67,7 +71,8 @@ class PredictionTracker:
         self.offset = {p: 0 for p in PHASES}     # index at the epoch's start
         self.in_epoch = {p: 0 for p in PHASES}   # steps in the current epoch
         self._active: Optional[str] = None
-        self.observed: List[Tuple[int, int, float]] = []  # (calls, busiest bytes, seconds)
+        # (calls, busiest bytes, seconds) per exchange point of the latest steady epochs
+        self.observed: deque = deque(maxlen=FIT_WINDOW)
         self.fitted: Optional[LinkModel] = None  # the link fitted to this run's exchanges
         self._epoch_calls: Optional[list] = None
         if profile is None:
@@ -209,7 +214,9 @@ class PredictionTracker:
             if calls > 0:
                 self.observed.append((int(calls), int(nbytes), -negated))
         try:
-            self.fitted = fit_link(self.observed, self.counts.world_size, prior=self.link)
+            transport = getattr(self.engine, "transport", None)
+            self.fitted = fit_link(self.observed, self.counts.world_size, prior=self.link,
+                                   backend=getattr(transport, "backend", None))
         except ValueError:  # nothing timed yet (e.g. every exchange of zero seconds)
             pass
         return self.fitted

@@ -33,6 +33,8 @@ def test_noiseless_exchanges_give_back_latency_and_bandwidth():
     assert link.samples == [(10_000, samples[0][2]), (2_000_000, samples[1][2] / 2),
                             (20_000_000, samples[2][2] / 4), (0, samples[3][2])]
     assert "fitted to training" in link.describe()
+    named = fit_link(samples, world_size=3, backend="gloo", device="cpu")
+    assert (named.backend, named.device) == ("gloo", "cpu") and link.backend == "unknown"
 
 
 def test_latency_bound_exchanges_keep_the_ping_pong_bandwidth():
