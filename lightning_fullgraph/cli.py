@@ -458,8 +458,9 @@ def _train(args) -> int:
         fitted = callbacks[0].fitted_link
         print(f"link fitted to the run's exchanges: {fitted.describe()}; written to "
               f"{args.save_link}" if fitted is not None else
-              f"note: no link was fitted (it needs 2+ processes and 2+ epochs); "
-              f"{args.save_link} not written", file=sys.stderr)
+              f"note: no link was fitted (it needs 2+ processes, 2+ epochs and a wire format "
+              f"the planner models: not --codec adaptive); {args.save_link} not written",
+              file=sys.stderr)
     # Means over the run: the width (--adaptive-bits) and what crosses the wire can change
     # from epoch to epoch; the last epoch's bytes are reported beside them.
     comm = callbacks[0].run_mean() if callbacks else {}
