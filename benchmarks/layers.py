@@ -72,14 +72,13 @@ LAYERS = ("gcn", "sage")
 
 # Profiler categories, matched against op names. Aggregation: our ops and PyG's gather /
 # scatter primitives (including their backward ops: index_add_, gather, ...). "lightning_fullgraph"
-# matches every op of ours (csr_sum, csr_sum_raw, take_checked, permute_values) and also the
+# matches every op of ours (csr_sum, csr_sum_raw, permute_values) and also the
 # autograd.Function record of each custom op ("GeneratedBackwardFor_lightning_fullgraph_csr_sum_default"):
 # the forward kernel runs inside that record, so its self time *is* the forward aggregation.
 # Not counted: element-wise passes around aggregation (PyG's E x F message multiply in GCN,
 # mean's division by the degree) land in "other"; GCN's gcn_norm scatters its degrees, so a
 # little of it lands in "aggregation", in all three variants alike.
-AGGREGATION_KEYS = ("lightning_fullgraph", "scatter", "index_add", "segment", "index_select", "gather",
-                    "take_checked")
+AGGREGATION_KEYS = ("lightning_fullgraph", "scatter", "index_add", "segment", "index_select", "gather")
 DENSE_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm")
 TOP_OPS = 8
 CHECK_TOL = 1e-4

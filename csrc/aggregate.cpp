@@ -225,11 +225,14 @@ inline void prefetch_row(const scalar_t* p, int width) {
 // ---------------------------------------------------------------- sum / mean
 // x holds scalar_t, out gets out_t (scalar_t, or float for bfloat16 inputs whose weights
 // are float: PyG's message weight * x_j is promoted then), w holds acc_t.
-template <typename scalar_t, typename out_t, typename index_t, int FB, bool HAS_W, bool MEAN>
+// WMODE: 0 no weights, 1 w[e], 2 w[wperm[e]] -- backward reads the forward's CSR-order
+// weights through the transposed CSR's positions instead of a separate gather pass that
+// permutes them first: one random 4-8 B read per edge, in flight beside the row it scales.
+template <typename scalar_t, typename out_t, typename index_t, int FB, int WMODE, bool MEAN>
 void sum_rows(const int64_t* __restrict rowptr, const index_t* __restrict col,
-              const typename Acc<scalar_t>::type* __restrict w, const scalar_t* __restrict x,
-              out_t* __restrict out, int64_t F, int64_t r0, int64_t r1, int64_t f0,
-              int64_t nnz, int64_t pf_width) {
+              const typename Acc<scalar_t>::type* __restrict w, const index_t* __restrict wperm,
+              const scalar_t* __restrict x, out_t* __restrict out, int64_t F, int64_t r0,
+              int64_t r1, int64_t f0, int64_t nnz, int64_t pf_width) {
   using acc_t = typename Acc<scalar_t>::type;
   const int64_t pd = prefetch_distance(pf_width * static_cast<int64_t>(sizeof(scalar_t)));
   for (int64_t r = r0; r < r1; ++r) {
@@ -238,11 +241,13 @@ void sum_rows(const int64_t* __restrict rowptr, const index_t* __restrict col,
     for (int k = 0; k < FB; ++k) acc[k] = acc_t(0);
     const int64_t e0 = rowptr[r], e1 = rowptr[r + 1];
     for (int64_t e = e0; e < e1; ++e) {
-      if (pf_width > 0 && e + pd < nnz)
+      if (pf_width > 0 && e + pd < nnz) {
         prefetch_row(x + static_cast<int64_t>(col[e + pd]) * F + f0, static_cast<int>(pf_width));
+        if (WMODE == 2) __builtin_prefetch(w + wperm[e + pd], 0, 1);
+      }
       const scalar_t* __restrict xr = x + static_cast<int64_t>(col[e]) * F + f0;
-      if (HAS_W) {
-        const acc_t we = w[e];
+      if (WMODE != 0) {
+        const acc_t we = WMODE == 2 ? w[wperm[e]] : w[e];
 #pragma omp simd
         for (int k = 0; k < FB; ++k) acc[k] += we * load(xr[k]);
       } else {
@@ -265,15 +270,15 @@ void sum_rows(const int64_t* __restrict rowptr, const index_t* __restrict col,
 // Runtime-width tail (F not a multiple of the smallest block): scalar but rare.
 template <typename scalar_t, typename out_t, typename index_t>
 void sum_rows_tail(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
-                   const scalar_t* x, out_t* out, int64_t F, int64_t r0, int64_t r1,
-                   int64_t f0, int64_t width, bool mean) {
+                   const index_t* wperm, const scalar_t* x, out_t* out, int64_t F, int64_t r0,
+                   int64_t r1, int64_t f0, int64_t width, bool mean) {
   using acc_t = typename Acc<scalar_t>::type;
   for (int64_t r = r0; r < r1; ++r) {
     acc_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const int64_t e0 = rowptr[r], e1 = rowptr[r + 1];
     for (int64_t e = e0; e < e1; ++e) {
       const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F + f0;
-      const acc_t we = w ? w[e] : acc_t(1);
+      const acc_t we = w ? (wperm ? w[wperm[e]] : w[e]) : acc_t(1);
       for (int64_t k = 0; k < width; ++k) acc[k] += we * load(xr[k]);
     }
     const acc_t inv = (mean && e1 > e0) ? acc_t(1) / acc_t(e1 - e0) : acc_t(1);
@@ -283,14 +288,17 @@ void sum_rows_tail(const int64_t* rowptr, const index_t* col, const typename Acc
 
 template <typename scalar_t, typename out_t, typename index_t, int FB>
 void sum_dispatch_flags(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
-                        const scalar_t* x, out_t* out, int64_t F, int64_t r0, int64_t r1,
-                        int64_t f0, bool mean, int64_t nnz, int64_t pf) {
-  if (w) {
-    if (mean) sum_rows<scalar_t, out_t, index_t, FB, true, true>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
-    else sum_rows<scalar_t, out_t, index_t, FB, true, false>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
+                        const index_t* wperm, const scalar_t* x, out_t* out, int64_t F, int64_t r0,
+                        int64_t r1, int64_t f0, bool mean, int64_t nnz, int64_t pf) {
+  // Mean is never weighted through a permutation (only backward's plain sums are).
+  if (w && wperm) {
+    sum_rows<scalar_t, out_t, index_t, FB, 2, false>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, nnz, pf);
+  } else if (w) {
+    if (mean) sum_rows<scalar_t, out_t, index_t, FB, 1, true>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, nnz, pf);
+    else sum_rows<scalar_t, out_t, index_t, FB, 1, false>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, nnz, pf);
   } else {
-    if (mean) sum_rows<scalar_t, out_t, index_t, FB, false, true>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
-    else sum_rows<scalar_t, out_t, index_t, FB, false, false>(rowptr, col, w, x, out, F, r0, r1, f0, nnz, pf);
+    if (mean) sum_rows<scalar_t, out_t, index_t, FB, 0, true>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, nnz, pf);
+    else sum_rows<scalar_t, out_t, index_t, FB, 0, false>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, nnz, pf);
   }
 }
 
@@ -299,8 +307,8 @@ void sum_dispatch_flags(const int64_t* rowptr, const index_t* col, const typenam
 // each source row, so later blocks find the rest of the row in cache (wide F).
 template <typename scalar_t, typename out_t, typename index_t>
 void sum_segment_rows(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
-                      const scalar_t* x, out_t* out, int64_t F, int64_t r0, int64_t r1,
-                      int64_t f_begin, int64_t f_end, bool mean, int64_t nnz, bool tiled) {
+                      const index_t* wperm, const scalar_t* x, out_t* out, int64_t F, int64_t r0,
+                      int64_t r1, int64_t f_begin, int64_t f_end, bool mean, int64_t nnz, bool tiled) {
   constexpr int B = max_block<scalar_t>();
   int64_t f0 = f_begin;
   while (f0 < f_end) {
@@ -308,14 +316,14 @@ void sum_segment_rows(const int64_t* rowptr, const index_t* col, const typename 
     const int64_t blk = left >= B ? B : left >= B / 2 ? B / 2 : left >= B / 4 ? B / 4
                       : left >= B / 8 ? B / 8 : left >= B / 16 ? B / 16 : 0;
     const int64_t pf = tiled ? (f0 == f_begin ? f_end - f_begin : 0) : blk;
-    if (blk == B) sum_dispatch_flags<scalar_t, out_t, index_t, B>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 2) sum_dispatch_flags<scalar_t, out_t, index_t, B / 2>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 4) sum_dispatch_flags<scalar_t, out_t, index_t, B / 4>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 8) sum_dispatch_flags<scalar_t, out_t, index_t, B / 8>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 16) sum_dispatch_flags<scalar_t, out_t, index_t, B / 16>(rowptr, col, w, x, out, F, r0, r1, f0, mean, nnz, pf);
+    if (blk == B) sum_dispatch_flags<scalar_t, out_t, index_t, B>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 2) sum_dispatch_flags<scalar_t, out_t, index_t, B / 2>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 4) sum_dispatch_flags<scalar_t, out_t, index_t, B / 4>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 8) sum_dispatch_flags<scalar_t, out_t, index_t, B / 8>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 16) sum_dispatch_flags<scalar_t, out_t, index_t, B / 16>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
     else {
       const int64_t width = std::min<int64_t>(left, 8);
-      sum_rows_tail<scalar_t, out_t, index_t>(rowptr, col, w, x, out, F, r0, r1, f0, width, mean);
+      sum_rows_tail<scalar_t, out_t, index_t>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, width, mean);
       f0 += width;
       continue;
     }
@@ -325,17 +333,18 @@ void sum_segment_rows(const int64_t* rowptr, const index_t* col, const typename 
 
 template <typename scalar_t, typename out_t, typename index_t>
 void sum_segment(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
-                 const scalar_t* x, out_t* out, int64_t F, int64_t r0, int64_t r1,
-                 int64_t f_begin, int64_t f_end, bool mean, int64_t nnz) {
+                 const index_t* wperm, const scalar_t* x, out_t* out, int64_t F, int64_t r0,
+                 int64_t r1, int64_t f_begin, int64_t f_end, bool mean, int64_t nnz) {
   constexpr int B = max_block<scalar_t>();
   if (f_end - f_begin <= B) {
-    sum_segment_rows<scalar_t, out_t, index_t>(rowptr, col, w, x, out, F, r0, r1, f_begin, f_end, mean, nnz, false);
+    sum_segment_rows<scalar_t, out_t, index_t>(rowptr, col, w, wperm, x, out, F, r0, r1, f_begin, f_end, mean, nnz,
+                                               false);
     return;
   }
   constexpr int64_t kRowTile = 16;  // ~16 rows x 16 edges x 1 KiB source rows stay in L2
   for (int64_t rt = r0; rt < r1; rt += kRowTile)
-    sum_segment_rows<scalar_t, out_t, index_t>(rowptr, col, w, x, out, F, rt, std::min(r1, rt + kRowTile), f_begin,
-                                        f_end, mean, nnz, true);
+    sum_segment_rows<scalar_t, out_t, index_t>(rowptr, col, w, wperm, x, out, F, rt, std::min(r1, rt + kRowTile),
+                                               f_begin, f_end, mean, nnz, true);
 }
 
 // Task grid: row chunks x feature groups. Feature groups only when row chunks alone
@@ -571,18 +580,20 @@ int64_t validate_csr(const char* op, const torch::Tensor& rowptr, const torch::T
 namespace {
 template <typename scalar_t, typename out_t>
 void run_csr_sum(const torch::Tensor& rowptr, const torch::Tensor& col, const torch::Tensor& w,
-                 const torch::Tensor& x, torch::Tensor& out, bool mean, int64_t max_row) {
+                 const torch::Tensor& wperm, const torch::Tensor& x, torch::Tensor& out, bool mean,
+                 int64_t max_row) {
   using acc_t = typename Acc<scalar_t>::type;
   const int64_t n = rowptr.numel() - 1, F = x.size(1), nnz = col.numel();
   AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "csr_sum_idx", [&] {
     const int64_t* rp = rowptr.data_ptr<int64_t>();
     const index_t* cp = col.data_ptr<index_t>();
     const acc_t* wp = w.defined() ? w.data_ptr<acc_t>() : nullptr;
+    const index_t* pp = wperm.defined() ? wperm.data_ptr<index_t>() : nullptr;
     const scalar_t* xp = x.data_ptr<scalar_t>();
     out_t* op = out.data_ptr<out_t>();
     for_each_task(make_grid<scalar_t>(rp, n, F, max_row), F,
                   [&](int64_t r0, int64_t r1, int64_t fb, int64_t fe) {
-                    sum_segment<scalar_t, out_t, index_t>(rp, cp, wp, xp, op, F, r0, r1, fb, fe, mean, nnz);
+                    sum_segment<scalar_t, out_t, index_t>(rp, cp, wp, pp, xp, op, F, r0, r1, fb, fe, mean, nnz);
                   });
   });
 }
@@ -590,9 +601,12 @@ void run_csr_sum(const torch::Tensor& rowptr, const torch::Tensor& col, const to
 
 // x: float32, float64 or bfloat16 (summed in float32). promote: a bfloat16 x gives a
 // float32 output (what PyG computes when the edge weights are float32); otherwise the
-// output has x's dtype. Weights are read in the accumulation type.
+// output has x's dtype. Weights are read in the accumulation type. weight_perm: edge e is
+// weighted by weight[weight_perm[e]] (int, col's dtype, values trusted to lie in
+// [0, weight.numel()): the caller validates them, as take_values' callers do); not with mean.
 torch::Tensor csr_sum(torch::Tensor rowptr, torch::Tensor col, c10::optional<torch::Tensor> weight,
-                      torch::Tensor x, bool mean, bool promote) {
+                      torch::Tensor x, bool mean, bool promote,
+                      c10::optional<torch::Tensor> weight_perm) {
   check_inputs("csr_sum", rowptr, col, x);
   const auto st = x.scalar_type();
   TORCH_CHECK_VALUE(st == torch::kFloat || st == torch::kDouble || st == torch::kBFloat16,
@@ -600,14 +614,22 @@ torch::Tensor csr_sum(torch::Tensor rowptr, torch::Tensor col, c10::optional<tor
   const bool reduced = st == torch::kBFloat16;
   const auto acc = reduced ? torch::kFloat : st;
   torch::Tensor w = checked_weight("csr_sum", weight, col.numel(), x.options().dtype(acc));
+  torch::Tensor wperm;
+  if (weight_perm.has_value() && weight_perm->defined()) {
+    TORCH_CHECK_VALUE(w.defined() && !mean, "csr_sum: weight_perm needs a weight and a sum (not mean)");
+    TORCH_CHECK_VALUE(weight_perm->device().is_cpu() && weight_perm->dim() == 1 &&
+                          weight_perm->numel() == col.numel() && weight_perm->scalar_type() == col.scalar_type(),
+                      "csr_sum: weight_perm must be a 1-D CPU tensor of col's dtype with one entry per edge");
+    wperm = weight_perm->contiguous();
+  }
   const int64_t max_row = validate_csr("csr_sum", rowptr, col, x.size(0));
   const int64_t n = rowptr.numel() - 1, F = x.size(1);
   auto out = pool::empty({n, F}, x.options().dtype(reduced && promote ? torch::kFloat : st));
   if (n == 0 || F == 0) return out;
-  if (st == torch::kFloat) run_csr_sum<float, float>(rowptr, col, w, x, out, mean, max_row);
-  else if (st == torch::kDouble) run_csr_sum<double, double>(rowptr, col, w, x, out, mean, max_row);
-  else if (promote) run_csr_sum<c10::BFloat16, float>(rowptr, col, w, x, out, mean, max_row);
-  else run_csr_sum<c10::BFloat16, c10::BFloat16>(rowptr, col, w, x, out, mean, max_row);
+  if (st == torch::kFloat) run_csr_sum<float, float>(rowptr, col, w, wperm, x, out, mean, max_row);
+  else if (st == torch::kDouble) run_csr_sum<double, double>(rowptr, col, w, wperm, x, out, mean, max_row);
+  else if (promote) run_csr_sum<c10::BFloat16, float>(rowptr, col, w, wperm, x, out, mean, max_row);
+  else run_csr_sum<c10::BFloat16, c10::BFloat16>(rowptr, col, w, wperm, x, out, mean, max_row);
   return out;
 }
 
@@ -749,12 +771,12 @@ _Pragma("omp simd reduction(+ : s)")
 }
 
 // ---------------------------------------------------------------- permuted values
-// out[i] = values[perm[i]]: per-edge weights from input order to CSR order (forward) and to
-// the transposed CSR's order (backward). A permutation of E scalars is a random 4-8 B read
-// per edge, each a cache miss once the values exceed the L3: torch's index_select does them
-// one at a time (~80 ms for 8M on 2 cores), prefetching a few dozen ahead keeps enough misses
-// in flight to halve that. perm is trusted to lie in [0, values.numel()): callers validate it
-// (the CSR builder makes it; take_checked checks the transposed one).
+// out[i] = values[perm[i]]: per-edge weights from input order to CSR order (forward; backward
+// reads them through the transposed CSR's positions inside csr_sum instead). A permutation of
+// E scalars is a random 4-8 B read per edge, each a cache miss once the values exceed the L3:
+// torch's index_select does them one at a time (~80 ms for 8M on 2 cores), prefetching a few
+// dozen ahead keeps enough misses in flight to halve that. perm is trusted to lie in
+// [0, values.numel()): callers validate it (the CSR builder makes it).
 torch::Tensor take_values(torch::Tensor values, torch::Tensor perm) {
   TORCH_CHECK(values.device().is_cpu() && perm.device().is_cpu(), "take_values: CPU tensors expected");
   TORCH_CHECK_VALUE(values.dim() == 1 && perm.dim() == 1, "take_values: values and perm must be 1-D");
@@ -826,7 +848,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("validation_cache_info", &vcache::info, "[hits, misses, size, capacity] of the validation cache");
   m.def("check_csr", &check_csr, "validate a CSR (rowptr, col, N_src); returns the largest row length");
   m.def("csr_sum", &csr_sum, "CSR sum/mean aggregation", py::arg("rowptr"), py::arg("col"), py::arg("weight"),
-        py::arg("x"), py::arg("mean"), py::arg("promote") = false);
+        py::arg("x"), py::arg("mean"), py::arg("promote") = false, py::arg("weight_perm") = py::none());
   m.def("csr_max", &csr_max, "CSR max aggregation with arg-max");
   m.def("csr_edge_dot", &csr_edge_dot, "per-edge dot product (SDDMM)");
   m.def("take_values", &take_values, "values[perm] for 1-D values (prefetching gather)");

@@ -68,10 +68,12 @@ def _kernel_ok(backend: str, x: Tensor, cpp_dtypes: Tuple[torch.dtype, ...] = _C
 
 
 def _sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
-         backend: str) -> Tensor:
+         backend: str, weight_perm: Optional[Tensor] = None) -> Tensor:
     # The output dtype is PyG's (reference.sum_dtype: bfloat16 rows with float32 weights, as
     # under autocast, give float32), sums accumulate in float32 for 16-bit rows. The C++
     # kernels read float32/float64/bfloat16 rows; bfloat16 rows cost half the bytes.
+    # weight_perm (validated by csr_sum_raw): edge e weighs weight[weight_perm[e]]; the C++
+    # kernels read it so, the others get the weights permuted first.
     out_dtype = reference.sum_dtype(x, weight)
     native = x.dtype == out_dtype or (x.dtype == torch.bfloat16 and out_dtype == torch.float32)
     if backend == "cpp" and not native and out_dtype in _CPP_DTYPES:
@@ -81,8 +83,15 @@ def _sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean:
     if backend == "triton" and out_dtype not in _TRITON_DTYPES:
         backend = "torch"
     mod = impl(backend)
+    fused = weight_perm is not None and mod is not reference and backend == "cpp" \
+        and not mean and weight_perm.dtype == col.dtype
+    if weight_perm is not None and not fused:
+        weight = _gather_values(weight.contiguous(), weight_perm, backend)
     if mod is reference or backend == "triton":
         return mod.csr_sum(rowptr, col, weight, x.contiguous(), mean, out_dtype=out_dtype)
+    if fused:
+        return mod.csr_sum(rowptr, col, weight, x.contiguous(), mean, out_dtype != x.dtype,
+                           weight_perm)
     return mod.csr_sum(rowptr, col, weight, x.contiguous(), mean, out_dtype != x.dtype)
 
 
@@ -91,13 +100,22 @@ def _sum(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean:
 # used there are custom ops too (without autograd: double backward raises clearly).
 @torch.library.custom_op("lightning_fullgraph::csr_sum_raw", mutates_args=())
 def csr_sum_raw(rowptr: Tensor, col: Tensor, weight: Optional[Tensor], x: Tensor, mean: bool,
-                backend: str) -> Tensor:
-    """:func:`csr_sum` without autograd (used by backward on the transposed CSR)."""
-    return _sum(rowptr, col, weight, x, mean, backend)
+                backend: str, weight_perm: Optional[Tensor] = None) -> Tensor:
+    """:func:`csr_sum` without autograd (used by backward on the transposed CSR).
+
+    ``weight_perm`` (optional, ``[E]``): edge ``e`` is weighted by
+    ``weight[weight_perm[e]]`` -- backward's weights are the forward's, in the transposed
+    CSR's order, read through its positions instead of gathered into a new tensor first.
+    Its range is checked here, inside the op, so that the check sees real tensors under
+    ``torch.compile`` too (cached like the CSR validation)."""
+    if weight_perm is not None:
+        validate.check_index_range("csr_sum backward", weight_perm, weight.numel(), "t_perm",
+                                   "CSR positions, nnz = col.numel()")
+    return _sum(rowptr, col, weight, x, mean, backend, weight_perm)
 
 
 @csr_sum_raw.register_fake
-def _(rowptr, col, weight, x, mean, backend):
+def _(rowptr, col, weight, x, mean, backend, weight_perm=None):
     return x.new_empty(rowptr.shape[0] - 1, x.shape[1], dtype=reference.sum_dtype(x, weight))
 
 
@@ -132,10 +150,14 @@ def _gather_values(values: Tensor, perm: Tensor, backend: str) -> Tensor:
 
 @torch.library.custom_op("lightning_fullgraph::take_checked", mutates_args=())
 def take_checked(values: Tensor, perm: Tensor, backend: str) -> Tensor:
-    """``values[perm]`` after checking ``perm`` lies in ``[0, values.numel())`` (the transposed
-    CSR's ``t_perm``, used by backward; an op so that the check sees real tensors under
-    ``torch.compile`` too, and cached like the CSR validation)."""
-    validate.check_index_range("csr_sum backward", perm, values.numel(), "t_perm", "CSR positions, nnz = col.numel()")
+    """``values[perm]`` after checking ``perm`` lies in ``[0, values.numel())``.
+
+    Backward no longer calls it (the kernel reads the weights through ``t_perm``, see
+    :func:`csr_sum_raw`), but graphs that ``torch.compile`` cached on disk with an earlier
+    version of this library do: AOTAutograd's cache keys a custom op's backward by the op's
+    name, not by its formula, so the op stays for them."""
+    validate.check_index_range("csr_sum backward", perm, values.numel(), "t_perm",
+                               "CSR positions, nnz = col.numel()")
     return _gather_values(values.contiguous(), perm, _kernel_ok(backend, values))
 
 
@@ -229,12 +251,13 @@ def _sum_backward(ctx, grad):
         grad = grad / deg.unsqueeze(1)
     grad_x = None
     if ctx.needs_input_grad[3]:
-        t_w = take_checked(weight, t_perm, ctx.backend) if ctx.has_w else None
-        try:  # the transposed CSR is validated by the kernel call itself
-            grad_x = csr_sum_raw(t_rowptr, t_col, t_w, grad, False, ctx.backend)
+        try:  # the transposed CSR and t_perm (weights read through it) are validated there
+            grad_x = csr_sum_raw(t_rowptr, t_col, weight, grad, False, ctx.backend,
+                                 t_perm if ctx.has_w else None)
         except (ValueError, IndexError) as exc:
             raise type(exc)("csr_sum backward: the transposed CSR (t_rowptr, t_col: one row per source, columns "
-                            f"= destinations in [0, N_dst = {grad.shape[0]})) is invalid: {exc}") from exc
+                            f"= destinations in [0, N_dst = {grad.shape[0]}); t_perm: CSR positions) is "
+                            f"invalid: {exc}") from exc
     grad_w = None
     if ctx.needs_w:
         grad_w = csr_edge_dot(rowptr, col, grad, x, ctx.backend).to(weight.dtype)

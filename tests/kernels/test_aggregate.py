@@ -140,6 +140,36 @@ def test_take_values_cpp_equals_index_select(dtype, index_dtype):
     assert mod.take_values(values, perm[:0]).numel() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("feat", [128, 37, 3])  # full blocks, a narrower block + tail, tail only
+def test_backward_reads_weights_through_the_transposed_positions(dtype, index_dtype, feat):
+    # Backward's weights are the forward's read through t_perm inside the C++ kernel: bit for
+    # bit what gathering them first (the former path, and every other backend's) gives.
+    cpp_or_skip()
+    from lightning_fullgraph.kernels import ops
+    g = torch.Generator().manual_seed(0)
+    n, e = 2_000, 40_000  # several row chunks and prefetch distances
+    ei = torch.randint(0, n, (2, e), generator=g)
+    csr = csr_mod.get_csr(ei, n, n)
+    t_col, t_perm = csr.t_col.to(index_dtype), csr.t_perm.to(index_dtype)
+    w = torch.rand(e, generator=g, dtype=torch.float64 if dtype == torch.float64
+                   else torch.float32)
+    grad = torch.randn(n, feat, generator=g).to(dtype)
+    fused = ops.csr_sum_raw(csr.t_rowptr, t_col, w, grad, False, "cpp", t_perm)
+    gathered = ops.csr_sum_raw(csr.t_rowptr, t_col, w.index_select(0, t_perm), grad, False,
+                               "cpp")
+    assert fused.dtype == gathered.dtype and torch.equal(fused, gathered)
+    reference = ops.csr_sum_raw(csr.t_rowptr, t_col, w, grad, False, "torch", t_perm)
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-4)
+    mod = K.cpp.load()
+    with pytest.raises(ValueError, match="weight_perm needs a weight and a sum"):
+        mod.csr_sum(csr.t_rowptr, t_col, w, grad, True, False, t_perm)
+    with pytest.raises(ValueError, match="col's dtype"):
+        other = torch.int64 if index_dtype == torch.int32 else torch.int32
+        mod.csr_sum(csr.t_rowptr, t_col, w, grad, False, False, t_perm.to(other))
+
+
 @pytest.mark.parametrize("backend", ["cpp", "torch"])
 def test_permuted_edge_weights_gradient(backend):
     # Edge weights go to CSR order through permute_values (prefetching gather on "cpp"); the
