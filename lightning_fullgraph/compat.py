@@ -133,6 +133,17 @@ def has_forward_hooks(module: Any) -> bool:
     return bool(module._forward_hooks) or bool(torch.nn.modules.module._global_forward_hooks)
 
 
+def call_is_observed(module: Any, ignore: Tuple[Callable, ...] = ()) -> bool:
+    r"""Whether using :obj:`module`'s parameters directly, instead of calling it, would skip a
+    hook: one of its own forward (pre-)hooks or a global one not in :obj:`ignore`."""
+    from torch.nn.modules import module as nn_module
+    if module._forward_hooks or module._forward_pre_hooks:
+        return True
+    hooks = list(nn_module._global_forward_hooks.values()) \
+        + list(nn_module._global_forward_pre_hooks.values())
+    return any(h not in ignore for h in hooks)
+
+
 def modules_binding(function: Callable, prefix: str = "torch_geometric") -> Iterator[ModuleType]:
     r"""Loaded modules under :obj:`prefix` whose global ``function.__name__`` is :obj:`function`.
 

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .. import compat
 from . import backend as _backend
+from . import sage
 from .functional import aggregate
 from .split import SplitRows, accepting_split, aggregate_split
 
@@ -302,11 +303,19 @@ def _install(module, pinned: Optional[str], follow_default: Optional[str]) -> Op
     saved = module.__dict__.get("propagate", _MISSING)
     wrapper = _make_wrapper(module, module.propagate, pinned, follow_default)
     module.__dict__["propagate"] = wrapper
-    return saved, wrapper
+    fused = None
+    if sage.fusable(module) and "forward" not in module.__dict__:
+        # SAGEConv's root term accumulated into lin_l's product (dense side; see .sage).
+        # Not over another instance forward (the distributed engine's, a user's).
+        fused = sage.fused_forward(module, module.forward, (_global_pre_hook, ))
+        module.__dict__["forward"] = fused
+    return saved, wrapper, fused
 
 
 def _uninstall(module, token) -> None:
-    saved, wrapper = token
+    saved, wrapper, fused = token
+    if fused is not None and module.__dict__.get("forward") is fused:
+        del module.__dict__["forward"]
     if module.__dict__.get("propagate") is not wrapper:
         return  # someone replaced it since (e.g. PyG's explain setter); leave theirs
     if saved is _MISSING:

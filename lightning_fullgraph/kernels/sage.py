@@ -1,0 +1,85 @@
+r"""``SAGEConv``'s two linear maps as one accumulating product.
+
+PyG's ``SAGEConv`` computes ``lin_l(aggregate(x)) + lin_r(x_r)``: two products, each writing
+an :math:`N \times F_{out}` tensor, then an add reading both and writing a third.  With the
+kernels on, the layer's forward runs ``lin_l(aggregate(x)).addmm_(x_r, W_r^T)`` instead: the
+second product accumulates into the first one's fresh output (BLAS with :math:`\beta = 1`),
+equal within floating-point reassociation -- one :math:`N \times F_{out}` tensor and one pass
+over it fewer, forward and backward alike (``benchmarks/layers.py``).
+
+The layer's own forward runs instead whenever that could differ from what PyG does: a
+subclass with its own forward, ``root_weight=False``, a biased or replaced ``lin_r``, hooks
+that would see ``lin_r`` called (its own, or global ones), autocast (which casts each product
+itself), and inputs that are not dense matrices of ``lin_r``'s dtype and device.  The product
+accumulates out of place when a forward hook of ``lin_l`` may hold its output.
+"""
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import compat
+
+__all__ = ["fusable", "fused_forward"]
+
+
+def fusable(layer: Any) -> bool:
+    r"""Whether :obj:`layer` is a ``SAGEConv`` running PyG's own forward whose root term is a
+    bias-free PyG ``Linear`` (checked again per call for what can change)."""
+    from torch_geometric.nn.conv import SAGEConv
+    from torch_geometric.nn.dense.linear import Linear
+    return (isinstance(layer, SAGEConv) and type(layer).forward is SAGEConv.forward
+            and bool(layer.root_weight) and type(getattr(layer, "lin_l", None)) is Linear
+            and type(getattr(layer, "lin_r", None)) is Linear and layer.lin_r.bias is None)
+
+
+def _root(layer: Any, x: Any, ignore: Tuple[Callable, ...]) -> Optional[Tensor]:
+    r"""The root input ``x_r`` when this call can be fused, else :obj:`None`."""
+    x_r = x if isinstance(x, Tensor) else (x[1] if isinstance(x, tuple) and len(x) == 2
+                                           else None)
+    w = layer.lin_r.weight
+    if (not isinstance(x_r, Tensor) or x_r.dim() != 2 or x_r.layout != torch.strided
+            or isinstance(w, torch.nn.parameter.UninitializedTensorMixin)
+            or x_r.dtype != w.dtype or x_r.device != w.device
+            or not layer.root_weight or layer.lin_r.bias is not None
+            or torch.is_autocast_enabled(x_r.device.type)
+            or compat.call_is_observed(layer.lin_r, ignore)):
+        return None
+    return x_r
+
+
+def fused_forward(layer: Any, original: Callable, ignore: Tuple[Callable, ...] = ()) -> Callable:
+    r"""A ``forward`` for :obj:`layer` (:func:`fusable`) that adds the root term with one
+    accumulating product; otherwise it calls :obj:`original`.
+
+    Args:
+        layer (SAGEConv): The layer.
+        original (Callable): Its forward as it was.
+        ignore (Tuple[Callable, ...]): Global hooks that may be skipped when ``lin_r`` is not
+            called (the kernels' own module pre-hook, which only acts on message passing).
+    """
+
+    def forward(x: Any, edge_index: Any, size: Any = None) -> Tensor:
+        x_r = _root(layer, x, ignore)
+        if x_r is None:
+            return original(x, edge_index, size)
+        xs = (x, x) if isinstance(x, Tensor) else x
+        if layer.project and hasattr(layer, "lin"):  # as PyG does
+            xs = (layer.lin(xs[0]).relu(), xs[1])
+        out = layer.propagate(edge_index, x=xs, size=size)
+        out = layer.lin_l(out)
+        w = layer.lin_r.weight
+        if out.shape != (x_r.size(0), w.size(0)) or out.dtype != w.dtype:
+            out = out + layer.lin_r(x_r)  # PyG's own sum (and its errors)
+        elif out._base is None and out.is_contiguous() and not compat.has_forward_hooks(
+                layer.lin_l):
+            out = out.addmm_(x_r, w.t())  # lin_l's fresh output; its backward keeps inputs
+        else:
+            out = torch.addmm(out, x_r, w.t())
+        if layer.normalize:
+            out = F.normalize(out, p=2., dim=-1)
+        return out
+
+    forward.__wrapped__ = original
+    return forward
