@@ -202,6 +202,27 @@ def best_median(times: Optional[List[float]]) -> Tuple[Optional[float], Optional
     return min(times), statistics.median(times)
 
 
+def abba(first: Callable[[], float], second: Callable[[], float],
+         rounds: int) -> Tuple[List[float], List[float]]:
+    """Seconds of two contenders (each call returns its own seconds) timed alternately in one
+    process, ``rounds`` rounds in ABBA order: the first of a pair is sometimes faster or slower
+    for reasons of its own (allocation, cache state), so each takes that place equally often."""
+    a, b = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            a.append(first())
+            b.append(second())
+        else:
+            b.append(second())
+            a.append(first())
+    return a, b
+
+
+def spread(times: List[float]) -> Dict[str, float]:
+    """``min``, ``median`` and ``mean`` of ``times``."""
+    return {"min": min(times), "median": statistics.median(times), "mean": statistics.mean(times)}
+
+
 def byte_models(csr, f: int, itemsize: int = 4, weighted: bool = False) -> dict:
     """Bytes of one forward under the two models (see the module docstring)."""
     n, e = csr.num_dst, csr.num_edges

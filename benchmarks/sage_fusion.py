@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ def run(nodes: int, edges: int, features: int, rounds: int, seed: int = 0) -> di
     from torch_geometric.nn import SAGEConv
 
     import lightning_fullgraph.kernels as K
-    from kernels import power_law_graph
+    from kernels import abba, power_law_graph, spread
 
     torch.manual_seed(seed)
     ei = power_law_graph(nodes, edges, src_skew=2.0, dst_skew=2.0, seed=seed)
@@ -64,17 +63,12 @@ def run(nodes: int, edges: int, features: int, rounds: int, seed: int = 0) -> di
         _, out_p, grads_p = step(False)
         diff = max([(out_f - out_p).abs().max().item()]
                    + [(a - b).abs().max().item() for a, b in zip(grads_f, grads_p)])
-        times = {"fused": [], "pyg_forward": []}
-        for r in range(rounds):
-            for fused in ((True, False) if r % 2 == 0 else (False, True)):
-                times["fused" if fused else "pyg_forward"].append(step(fused)[0])
+        t_fused, t_pyg = abba(lambda: step(True)[0], lambda: step(False)[0], rounds)
         conv.__dict__["forward"] = fused_forward
     finally:
         K.use(None)
     row = {"nodes": nodes, "edges": edges, "features": features, "rounds": rounds,
-           "max_abs_diff": diff}
-    for k, v in times.items():
-        row[k] = {"min": min(v), "median": statistics.median(v), "mean": statistics.mean(v)}
+           "max_abs_diff": diff, "fused": spread(t_fused), "pyg_forward": spread(t_pyg)}
     row["speedup_median"] = row["pyg_forward"]["median"] / row["fused"]["median"]
     return row
 

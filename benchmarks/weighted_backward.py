@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ CASES = {"power-law": (500_000, 8_000_000), "uniform": (1_000_000, 16_000_000)}
 def run_case(name: str, features: int, rounds: int, scale: float = 1.0, seed: int = 0) -> dict:
     import torch
 
-    from kernels import power_law_graph
+    from kernels import abba, power_law_graph, spread
     from lightning_fullgraph.kernels import ops
     from lightning_fullgraph.kernels.csr import get_csr
 
@@ -60,17 +59,19 @@ def run_case(name: str, features: int, rounds: int, scale: float = 1.0, seed: in
                                grad, False, "cpp")
 
     identical = bool(torch.equal(fused(), gathered()))  # also the warm-up of both
-    times = {"fused": [], "gathered": []}
-    for r in range(rounds):
-        for f in ((fused, gathered) if r % 2 == 0 else (gathered, fused)):
+
+    def timed(f):
+        def run() -> float:
             t0 = time.perf_counter()
             out = f()
-            times[f.__name__].append(time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
             del out
+            return seconds
+        return run
+
+    t_fused, t_gathered = abba(timed(fused), timed(gathered), rounds)
     row = {"case": name, "nodes": n, "edges": e, "features": features, "rounds": rounds,
-           "identical": identical}
-    for k, v in times.items():
-        row[k] = {"min": min(v), "median": statistics.median(v), "mean": statistics.mean(v)}
+           "identical": identical, "fused": spread(t_fused), "gathered": spread(t_gathered)}
     row["speedup_median"] = row["gathered"]["median"] / row["fused"]["median"]
     return row
 
