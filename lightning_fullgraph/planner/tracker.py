@@ -74,7 +74,7 @@ class PredictionTracker:
         # (calls, busiest bytes, seconds) per exchange point of the latest steady epochs
         self.observed: deque = deque(maxlen=FIT_WINDOW)
         self.fitted: Optional[LinkModel] = None  # the link fitted to this run's exchanges
-        self._epoch_calls: Optional[list] = None
+        self._epoch_points: List[Tuple[str, str]] = []  # exchange points of the last epoch
         if profile is None:
             recorder = ExchangeRecorder(getattr(engine, "exchanges", None)
                                         or {"post": engine.exchange})
@@ -155,7 +155,7 @@ class PredictionTracker:
         """
         calls = self.profile.calls(self.in_epoch["train"], self.in_epoch["eval"],
                                    self.offset["train"], self.offset["eval"])
-        self._epoch_calls = sorted(calls.items(), key=lambda kv: _order(kv[0]))
+        self._epoch_points = sorted({(call.key, call.direction) for call in calls})
         model = CommunicationModel(self.profile, self.link)
         totals = model.rank_bytes(self.counts, calls)
         out = {"comm/predicted_sent_MB": totals.get("bytes_sent", 0) / 1e6,
@@ -167,9 +167,6 @@ class PredictionTracker:
         return out, torch.tensor(seconds, dtype=torch.float64)
 
     # -- the link as training meets it ------------------------------------------------------
-    def _points(self) -> List[Tuple[str, str]]:
-        return sorted({(call.key, call.direction) for call, _ in self._epoch_calls or ()})
-
     def observation_vector(self, stats: Any) -> Tensor:
         r"""This rank's share of the epoch's observations (after :meth:`epoch_end`), to be
         reduced with ``MAX``: per exchange point of the epoch, the exchanges it made, the bytes
@@ -185,7 +182,7 @@ class PredictionTracker:
             torch.Tensor: float64 ``[3 * points]``, the same length and order on every rank.
         """
         counters, out = stats.counters, []
-        for k in self._points():
+        for k in self._epoch_points:
             c = counters.get(k)
             out += [float(c.calls), float(max(c.bytes_sent, c.bytes_received)), -c.seconds] \
                 if c is not None else [0.0, 0.0, 0.0]
@@ -204,7 +201,7 @@ class PredictionTracker:
         Returns:
             LinkModel or None: :attr:`fitted`.
         """
-        if len(reduced) != 3 * len(self._points()):
+        if len(reduced) != 3 * len(self._epoch_points):
             raise ValueError("the reduced observations do not match this epoch's points")
         recorded = self.given is not None or all(
             self.steady[p] or not self.in_epoch[p] for p in PHASES)
