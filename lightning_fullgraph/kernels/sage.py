@@ -5,7 +5,7 @@ an :math:`N \times F_{out}` tensor, then an add reading both and writing a third
 kernels on, the layer's forward runs ``lin_l(aggregate(x)).addmm_(x_r, W_r^T)`` instead: the
 second product accumulates into the first one's fresh output (BLAS with :math:`\beta = 1`),
 equal within floating-point reassociation -- one :math:`N \times F_{out}` tensor and one pass
-over it fewer, forward and backward alike (``benchmarks/layers.py``).
+over it fewer, forward and backward alike (``benchmarks/sage_fusion.py`` times both).
 
 The layer's own forward runs instead whenever that could differ from what PyG does: a
 subclass with its own forward, ``root_weight=False``, a biased or replaced ``lin_r``, hooks
