@@ -244,11 +244,19 @@ def get_split_csr(edge_index: Tensor, num_own: int, num_src: int, num_dst: int) 
                    lambda ei: build_split_csr(ei, num_own, num_src, num_dst))
 
 
+def _owns_storage(t: Tensor) -> bool:
+    # Not a view into a larger storage (keeping it would keep all of that alive).
+    return t._base is None and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
 def _cached(edge_index: Tensor, extra: Tuple, build):
     ei = _plain(edge_index)
+    inference = ei.is_inference()
     with _lock:
         for key, ent in _cache.items():  # identity fast path, O(cache size)
             old = ent.edge_index
+            if inference:  # no version counter to vouch for it: by content below
+                break
             if (old.data_ptr() == ei.data_ptr() and old.shape == ei.shape and old.stride() == ei.stride()
                     and old.dtype == ei.dtype and old.device == ei.device and old._version == ent.version
                     and ent.extra == extra):
@@ -260,13 +268,23 @@ def _cached(edge_index: Tensor, extra: Tuple, build):
         for key, ent in _cache.items():
             if ent.extra == extra and ent.fingerprint == fp and \
                     ent.edge_index._version == ent.version and torch.equal(ent.edge_index, ei):
+                if _owns_storage(ei) and not inference:
+                    # Keep the newer copy: layers that rebuild an equal edge_index per call
+                    # (gcn_norm) then hold one copy between calls, not the first and the newest.
+                    ent.edge_index, ent.version = ei, ei._version
                 _cache.move_to_end(key)
                 _stats["hits"] += 1
                 return ent.csr
-    built = build(ei)
+    # Built as normal tensors even in inference mode (an evaluation before training, e.g.
+    # Lightning's sanity check): later calls save them for backward, which inference tensors
+    # refuse. An inference edge_index is kept as a private normal copy (it has no version
+    # counter to reveal an in-place edit).
+    with torch.inference_mode(False):
+        built = build(ei)
+        kept = ei.clone() if inference else ei
     with _lock:
         _stats["misses"] += 1
-        _cache[id(built)] = _Entry(ei, fp, built, extra)
+        _cache[id(built)] = _Entry(kept, fp, built, extra)
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return built

@@ -87,6 +87,54 @@ def test_csr_cache_recognises_equal_content():
     assert csr_mod.get_csr(ei2, 40, 40) is not a
 
 
+def test_csr_cache_keeps_the_newest_equal_copy():
+    # Layers that rebuild an equal edge_index per call (gcn_norm) must not keep the first
+    # copy alive beside the newest one; a view is not kept (it would hold its whole base).
+    import gc
+    import weakref
+    K.clear_cache()
+    first = make_graph(40, 40, 300)
+    csr = csr_mod.get_csr(first, 40, 40)
+    gone = weakref.ref(first)
+    second = first.clone()
+    del first
+    assert csr_mod.get_csr(second, 40, 40) is csr
+    gc.collect()
+    assert gone() is None
+    wide = torch.cat([second, second], dim=1)
+    assert csr_mod.get_csr(wide[:, :second.size(1)], 40, 40) is csr  # a view of a larger one
+    kept = weakref.ref(second)
+    del second
+    gc.collect()
+    assert kept() is not None and K.cache_info()["misses"] == 1
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_csr_built_in_inference_mode_serves_training(reduce):
+    # An evaluation in inference mode first (Lightning's sanity check) used to leave inference
+    # tensors in the cache: training then failed ("cannot be saved for backward").
+    torch.manual_seed(0)
+    x, ei = torch.randn(40, 8), make_graph(40, 40, 300)
+    K.clear_cache()
+    xg = x.clone().requires_grad_()
+    want = K.aggregate(xg, ei, None, reduce, 40)
+    want.square().sum().backward()
+    K.clear_cache()
+    with torch.inference_mode():
+        inference_ei = ei.clone()
+        K.aggregate(x, inference_ei, None, reduce, 40)
+    xg2 = x.clone().requires_grad_()
+    got = K.aggregate(xg2, ei, None, reduce, 40)
+    got.square().sum().backward()
+    assert K.cache_info()["misses"] == 1  # the inference-mode build served training
+    assert torch.equal(got, want) and torch.equal(xg2.grad, xg.grad)
+    with torch.inference_mode():
+        inference_ei[0, 0] = (inference_ei[0, 0] + 1) % 40  # not counted: matched by content
+        edited = scatter(x[inference_ei[0]], inference_ei[1], 0, dim_size=40, reduce=reduce)
+        torch.testing.assert_close(K.aggregate(x, inference_ei, None, reduce, 40), edited)
+    assert K.cache_info()["misses"] == 2
+
+
 def test_fingerprint_positions_stay_in_range_beyond_2_24_edges():
     # 17M edges: a float32 linspace put the last sample at position 17,000,000 (IndexError).
     for e in (1, 2, 31, 33, 17_000_000, 2**25 + 1):
