@@ -291,10 +291,14 @@ def _cached(edge_index: Tensor, extra: Tuple, build):
 
 
 def clear_cache() -> None:
-    """Drop all cached CSR structures and idle pooled output buffers (frees their memory)."""
+    """Drop all cached CSR structures, ``GCNConv`` normalizations (:mod:`.gcn`) and idle
+    pooled output buffers (frees their memory)."""
     with _lock:
         _cache.clear()
         _stats["hits"] = _stats["misses"] = 0
+    from . import gcn
+
+    gcn.clear_memo()
     from . import cpp
 
     if cpp._module is not None:  # only if already loaded: never trigger a build here

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .. import compat
 from . import backend as _backend
-from . import sage
+from . import gcn, sage
 from .functional import aggregate
 from .split import SplitRows, accepting_split, aggregate_split
 
@@ -304,10 +304,14 @@ def _install(module, pinned: Optional[str], follow_default: Optional[str]) -> Op
     wrapper = _make_wrapper(module, module.propagate, pinned, follow_default)
     module.__dict__["propagate"] = wrapper
     fused = None
-    if sage.fusable(module) and "forward" not in module.__dict__:
-        # SAGEConv's root term accumulated into lin_l's product (dense side; see .sage).
-        # Not over another instance forward (the distributed engine's, a user's).
-        fused = sage.fused_forward(module, module.forward, (_global_pre_hook, ))
+    # The layer's dense side with the kernels (see .sage, .gcn); not over another instance
+    # forward (the distributed engine's, a user's).
+    if "forward" not in module.__dict__:
+        if sage.fusable(module):  # SAGEConv's root term accumulated into lin_l's product
+            fused = sage.fused_forward(module, module.forward, (_global_pre_hook, ))
+        elif gcn.applies(module):  # GCNConv's normalization memoized, its bias in place
+            fused = gcn.kernel_forward(module, module.forward)
+    if fused is not None:
         module.__dict__["forward"] = fused
     return saved, wrapper, fused
 

@@ -37,14 +37,17 @@ def test_tiny_run(tmp_path):
     for row in res["layers"]:
         assert row["check_ok"], row["check_ours_vs_pyg"]
         assert row["check_ours_vs_pyg"]["out"]["max_abs_diff"] < 1e-4
-        assert row["no_aggregation_calls"] == 1
+        assert row["no_aggregation_calls"] == 1 and row["no_aggregation_ours_calls"] == 1
         v = row["variants"]
-        assert all(v[name]["best_s"] > 0 for name in ("pyg", "ours", "no_aggregation"))
+        names = ("pyg", "ours", "no_aggregation", "no_aggregation_ours")
+        assert all(v[name]["best_s"] > 0 for name in names)
         assert row["speedup"] == pytest.approx(v["pyg"]["best_s"] / v["ours"]["best_s"])
         assert row["fraction_of_ceiling"] == pytest.approx(row["speedup"] / row["ceiling"])
+        assert row["fraction_of_ceiling_ours_dense"] == pytest.approx(
+            row["speedup"] / row["ceiling_ours_dense"])
         prof = row["profile"]
-        assert set(prof) == {"pyg", "ours", "no_aggregation"}
-        assert prof["pyg"]["our_ops"] == [] and prof["no_aggregation"]["our_ops"] == []
+        assert set(prof) == set(names)
+        assert all(prof[name]["our_ops"] == [] for name in names if name != "ours")
         if res["machine"]["cpp_available"]:
             assert "lightning_fullgraph::csr_sum" in prof["ours"]["our_ops"]
         cats = prof["ours"]["categories_s"]

@@ -1,0 +1,169 @@
+#!/usr/bin/env python
+"""Unmodified ``GCNConv`` with the kernels' forward (normalization memoized, bias in place), or
+PyG's forward on the same kernels.
+
+Usage::
+
+    python benchmarks/gcn_forward.py                  # layer (500k/8M) and 2-layer model (1M/16M)
+    python benchmarks/gcn_forward.py --cases model    # only the 2-layer training step
+    python benchmarks/gcn_forward.py --json           # only the JSON on stdout
+
+With the kernels on (``kernels.use("auto")``) a ``GCNConv`` runs the forward of
+:mod:`lightning_fullgraph.kernels.gcn`: ``gcn_norm``'s result kept per input graph, the bias
+added into the aggregation's fresh output. Both forwards run here on the same kernels and the
+same modules -- ``pyg_forward`` by removing the kernels' forward for the step:
+
+* ``layer``: ``GCNConv(F, F)`` forward + backward on a power-law graph (default 500k / 8M), as
+  ``benchmarks/layers.py`` times it;
+* ``model``: one training step of a 2-layer GCN (``GCNConv(F, hidden)``, ReLU,
+  ``GCNConv(hidden, classes)``, cross-entropy on 60 % of the nodes, Adam) on 1M / 16M -- the
+  end-to-end epoch of issue #13.
+
+Each step is timed ``--rounds`` rounds in ABBA order in one process; reported: min, median and
+mean seconds, ``pyg_forward / ours`` of the medians, the largest difference of outputs and
+gradients (same inputs, fp32; 0 means bit-identical), and the bytes the normalization memo holds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+CASES = ("layer", "model")
+
+
+def _build(case: str, features: int, hidden: int, classes: int):
+    import torch
+    from torch_geometric.nn import GCNConv
+
+    if case == "layer":
+        return torch.nn.ModuleList([GCNConv(features, features)])
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = GCNConv(features, hidden)
+            self.conv2 = GCNConv(hidden, classes)
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+    return Net()
+
+
+def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: int,
+        rounds: int, seed: int = 0) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GCNConv
+
+    import lightning_fullgraph.kernels as K
+    from kernels import abba, power_law_graph, spread
+    from lightning_fullgraph.kernels import gcn
+
+    torch.manual_seed(seed)
+    ei = power_law_graph(nodes, edges, src_skew=2.0, dst_skew=2.0, seed=seed)
+    model = _build(case, features, hidden, classes)
+    convs = [m for m in model.modules() if isinstance(m, GCNConv)]
+    if case == "layer":
+        x = torch.randn(nodes, features, requires_grad=True)
+        g = torch.randn(nodes, features)
+        opt = None
+    else:
+        x = torch.randn(nodes, features)
+        y = torch.randint(0, classes, (nodes,))
+        mask = torch.rand(nodes, generator=torch.Generator().manual_seed(seed)) < 0.6
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    K.clear_cache()
+    K.use("auto")
+    try:
+        (model[0] if case == "layer" else model)(x, ei)  # installs the kernels' forwards
+        ours = [conv.__dict__.get("forward") for conv in convs]
+        if any(f is None for f in ours):
+            raise RuntimeError("the kernels' forward was not installed on GCNConv")
+
+        def step(use_ours: bool):
+            for conv, forward in zip(convs, ours):
+                if use_ours:
+                    conv.__dict__["forward"] = forward
+                else:
+                    conv.__dict__.pop("forward", None)
+            if x.requires_grad:
+                x.grad = None
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            if case == "layer":
+                out = model[0](x, ei)
+                out.backward(g)
+            else:
+                out = model(x, ei)
+                F.cross_entropy(out[mask], y[mask]).backward()
+            grads = ([x.grad] if x.requires_grad else []) + [p.grad for p in model.parameters()]
+            grads = [t.clone() for t in grads]  # before the optimizer step, for the comparison
+            if opt is not None:
+                opt.step()
+            return time.perf_counter() - t0, out.detach(), grads
+
+        # Warm-up of both and the comparison: the same parameters for both (no step between).
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        opt_state = None if opt is None else opt.state_dict()
+        _, out_o, grads_o = step(True)
+        model.load_state_dict(state)
+        if opt is not None:
+            opt.load_state_dict(opt_state)
+        _, out_p, grads_p = step(False)
+        diff = max([(out_o - out_p).abs().max().item()]
+                   + [(a - b).abs().max().item() for a, b in zip(grads_o, grads_p)])
+        t_ours, t_pyg = abba(lambda: step(True)[0], lambda: step(False)[0], rounds)
+        for conv, forward in zip(convs, ours):
+            conv.__dict__["forward"] = forward
+        memo = gcn.memo_info()
+    finally:
+        K.use(None)
+    row = {"case": case, "nodes": nodes, "edges": edges, "features": features,
+           "hidden": hidden, "classes": classes, "rounds": rounds, "max_abs_diff": diff,
+           "memo_bytes": memo["bytes"], "ours": spread(t_ours), "pyg_forward": spread(t_pyg)}
+    row["speedup_median"] = row["pyg_forward"]["median"] / row["ours"]["median"]
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--layer-nodes", type=int, default=500_000)
+    parser.add_argument("--layer-edges", type=int, default=8_000_000)
+    parser.add_argument("--model-nodes", type=int, default=1_000_000)
+    parser.add_argument("--model-edges", type=int, default=16_000_000)
+    parser.add_argument("--features", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--classes", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=8, help="ABBA rounds (both ways each)")
+    parser.add_argument("--json", action="store_true", help="only the JSON on stdout")
+    args = parser.parse_args(argv)
+    rows = []
+    for case in args.cases:
+        nodes, edges = ((args.layer_nodes, args.layer_edges) if case == "layer"
+                        else (args.model_nodes, args.model_edges))
+        rows.append(run(case, nodes, edges, args.features, args.hidden, args.classes,
+                        args.rounds))
+    print(json.dumps(rows, indent=2))
+    if not args.json:
+        print("| case | graph | ours (memo + bias in place) | PyG's forward | gain | max abs diff "
+              "| memo MiB |\n| --- | --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            what = (f"GCNConv({r['features']}, {r['features']}) fwd+bwd" if r["case"] == "layer"
+                    else f"2-layer GCN step (hidden {r['hidden']})")
+            print(f"| {what} | {r['nodes']:,} / {r['edges']:,} | {r['ours']['median']:.3f} s "
+                  f"| {r['pyg_forward']['median']:.3f} s | x{r['speedup_median']:.3f} "
+                  f"| {r['max_abs_diff']:.1e} | {r['memo_bytes'] / 2**20:.0f} |")
+        print(f"median of {args.rounds} ABBA rounds per contender, one process")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+r"""``GCNConv``'s forward with the kernels: the graph normalized once, the bias added in place.
+
+PyG's ``GCNConv`` (``cached=False``, its default) calls ``gcn_norm`` on every forward: a
+self-loop mask and a concatenation over the edges, a degree scatter, two gathers and products
+per edge.  With the aggregation on the kernels that is the largest cost left beside the
+products: on 1M nodes / 10M edges about 0.75 s of a 2-layer GCN's 3-3.6 s training step (an
+ad-hoc profile; ``benchmarks/gcn_forward.py`` times the gain).  With the kernels on, an
+unmodified ``GCNConv`` gets a forward that differs from PyG's in two places only:
+
+* **The normalization is memoized.**  The tensors PyG's ``gcn_norm`` returned are kept for the
+  inputs they came from: the same ``edge_index`` and ``edge_weight`` objects with unchanged
+  version counters (an in-place edit recomputes), the same node count, options and dtype.
+  The memo is shared by every layer (a GCN's layers normalize one graph once) and holds the
+  last :data:`MEMO_SIZE` graphs; an entry goes with its input tensors.  Recomputed, never
+  kept: edge weights that require grad (the result must carry their autograd graph), results
+  made in inference mode or from inference tensors (those cannot be saved for a later
+  backward, nor do they count in-place edits), a
+  ``gcn_norm`` that is not PyG's (the distributed engine's: its own static cache decides
+  there), and anything under ``torch.compile`` (PyG's forward is traced as it is).  Returned
+  tensors that were modified in place since are recomputed too.  Memory: the looped edge list
+  kept here is the very tensor the kernels' CSR cache keeps, so between steps the memo adds
+  the weights, :math:`(E + N) \times` 4 bytes in float32.
+* **The bias is added in place** when the aggregation is the kernels' fresh output, whose
+  autograd node keeps nothing of it (no propagate forward hook, same dtype and device as the
+  bias): ``out.add_(bias)`` instead of ``out + bias``, the same values without a second
+  :math:`N \times F_{out}` tensor and its first-touch page faults.
+
+Values are bit-identical to PyG's forward (``tests/kernels/test_gcn.py``); everything else
+(tuples of features, ``SparseTensor`` or ``torch.sparse`` graphs, subclasses with their own
+forward) runs PyG's forward.
+"""
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import compat
+
+__all__ = ["MEMO_SIZE", "applies", "kernel_forward", "normalize", "clear_memo", "memo_info"]
+
+#: Graphs whose normalization is kept at once (least recently used goes first).
+MEMO_SIZE = 4
+
+# The autograd node of the kernels' sum (``ops.csr_sum``): its output is fresh and unsaved.
+_SUM_NODE = "GeneratedBackwardFor_lightning_fullgraph_csr_sum_defaultBackward"
+
+
+class _Entry:
+    __slots__ = ("inputs", "versions", "result", "result_versions")
+
+    def __init__(self, inputs, versions, result):
+        self.inputs = inputs  # weak references to edge_index and edge_weight (or None)
+        self.versions = versions
+        # A returned input (gcn_norm without self-loops returns edge_index itself) is kept as
+        # its position, not a second reference that would keep the entry's key alive.
+        given = [ref() if ref is not None else None for ref in inputs]
+        self.result = tuple(next((i for i, g in enumerate(given) if g is t and t is not None), t)
+                            if isinstance(t, Tensor) else t for t in result)
+        self.result_versions = self._versions(given)
+
+    def _versions(self, given) -> tuple:
+        return tuple(t._version for t in self.resolve(given) if isinstance(t, Tensor))
+
+    def resolve(self, given) -> tuple:
+        return tuple(given[t] if isinstance(t, int) else t for t in self.result)
+
+    def matches(self, given, versions) -> bool:
+        return (all(ref is None or ref() is g for ref, g in zip(self.inputs, given))
+                and self.versions == versions and self._versions(given) == self.result_versions)
+
+
+_memo: "OrderedDict[tuple, _Entry]" = OrderedDict()
+_counts = {"hits": 0, "misses": 0}
+
+
+def clear_memo() -> None:
+    r"""Forgets every kept normalization (and resets the counts)."""
+    _memo.clear()
+    _counts["hits"] = _counts["misses"] = 0
+
+
+def memo_info() -> dict:
+    r"""Hits, misses and the graphs kept (with the bytes their normalizations hold)."""
+    held = sum(t.numel() * t.element_size() for e in list(_memo.values()) for t in e.result
+               if isinstance(t, Tensor))  # not the inputs a result is (kept as positions)
+    return {**_counts, "graphs": len(_memo), "bytes": held}
+
+
+def applies(layer: Any) -> bool:
+    r"""Whether :obj:`layer` is a ``GCNConv`` running PyG's own forward."""
+    from torch_geometric.nn.conv import GCNConv
+    return isinstance(layer, GCNConv) and type(layer).forward is GCNConv.forward
+
+
+def _pyg_gcn_norm() -> Optional[Callable]:
+    # The function GCNConv's module calls now; None when someone replaced it (the engine).
+    from torch_geometric.nn.conv import gcn_conv
+    fn = gcn_conv.gcn_norm
+    ok = getattr(fn, "__module__", None) == gcn_conv.__name__ and \
+        getattr(fn, "__qualname__", None) == "gcn_norm"
+    return fn if ok else None
+
+
+def _drop(key: tuple) -> Callable:
+    def callback(_ref: Any) -> None:
+        _memo.pop(key, None)
+    return callback
+
+
+def normalize(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
+              improved: bool, add_self_loops: bool, flow: str,
+              dtype: Optional[torch.dtype]) -> Tuple[Tensor, Optional[Tensor]]:
+    r"""What ``gcn_norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow,
+    dtype)`` returns, from the memo when these inputs were normalized before (see the module
+    docstring for when it recomputes)."""
+    from torch_geometric.nn.conv import gcn_conv
+    norm = _pyg_gcn_norm()
+    keep = (norm is not None and not torch.is_inference_mode_enabled()
+            and not edge_index.is_inference()  # no version counter to check
+            and (edge_weight is None or not (edge_weight.requires_grad
+                                             or edge_weight.is_inference())))
+    if not keep:
+        return gcn_conv.gcn_norm(edge_index, edge_weight, num_nodes, improved, add_self_loops,
+                                 flow, dtype)
+    key = (id(edge_index), None if edge_weight is None else id(edge_weight), int(num_nodes),
+           bool(improved), bool(add_self_loops), flow, dtype)
+    versions = (edge_index._version, None if edge_weight is None else edge_weight._version)
+    given = (edge_index, edge_weight)
+    entry = _memo.get(key)
+    if entry is not None and entry.matches(given, versions):
+        _memo.move_to_end(key)
+        _counts["hits"] += 1
+        return entry.resolve(given)
+    _counts["misses"] += 1
+    result = norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
+    refs = (weakref.ref(edge_index, _drop(key)),
+            None if edge_weight is None else weakref.ref(edge_weight, _drop(key)))
+    _memo[key] = _Entry(refs, versions, tuple(result))
+    _memo.move_to_end(key)
+    while len(_memo) > MEMO_SIZE:
+        _memo.popitem(last=False)
+    return result
+
+
+def _add_bias(layer: Any, out: Tensor) -> Tensor:
+    bias = layer.bias
+    if bias is None:
+        return out
+    if (type(out.grad_fn).__name__ == _SUM_NODE and out._base is None and out.is_contiguous()
+            and out.dtype == bias.dtype and out.device == bias.device and out.dim() == 2
+            and bias.shape == out.shape[-1:] and not compat.hook_dicts(layer, "propagate")):
+        return out.add_(bias)
+    return out + bias
+
+
+def kernel_forward(layer: Any, original: Callable) -> Callable:
+    r"""A ``forward`` for :obj:`layer` (:func:`applies`) with the memoized normalization and
+    the bias added in place; PyG's :obj:`original` for every call it does not cover.
+
+    Args:
+        layer (GCNConv): The layer.
+        original (Callable): Its forward as it was.
+    """
+
+    def forward(x: Tensor, edge_index: Any, edge_weight: Optional[Tensor] = None) -> Tensor:
+        if (torch.compiler.is_compiling() or not isinstance(x, Tensor)
+                or not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided):
+            return original(x, edge_index, edge_weight)
+        if layer.normalize:  # as PyG's forward, with the memo in place of gcn_norm
+            cache = layer._cached_edge_index
+            if cache is None:
+                edge_index, edge_weight = normalize(
+                    edge_index, edge_weight, x.size(layer.node_dim), layer.improved,
+                    layer.add_self_loops, layer.flow, x.dtype)
+                if layer.cached:
+                    layer._cached_edge_index = (edge_index, edge_weight)
+            else:
+                edge_index, edge_weight = cache[0], cache[1]
+        x = layer.lin(x)
+        out = layer.propagate(edge_index, x=x, edge_weight=edge_weight)
+        return _add_bias(layer, out)
+
+    forward.__wrapped__ = original
+    return forward
