@@ -89,7 +89,10 @@ torch::Tensor empty(at::IntArrayRef sizes, const torch::TensorOptions& opts) {
   int64_t numel = 1;
   for (auto d : sizes) numel *= d;
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(opts.dtype()));
-  if (bytes < kMinPooled || max_pooled() == 0) return torch::empty(sizes, opts);
+  // With the huge-page allocator's block cache on, it reuses these outputs too (see
+  // huge_pages.h): two caches would each keep blocks the other's rule cannot see.
+  if (bytes < kMinPooled || max_pooled() == 0 || huge_pages::caching())
+    return torch::empty(sizes, opts);
   const size_t usable = (bytes + kHuge - 1) / kHuge * kHuge;
   Block b{nullptr, 0};
   {
@@ -841,7 +844,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install_huge_pages", &huge_pages::install, "huge-page CPU allocator for tensors of >= threshold bytes");
   m.def("uninstall_huge_pages", &huge_pages::uninstall, "torch's default CPU allocator back");
   m.def("huge_pages_installed", &huge_pages::installed, "whether the huge-page allocator is installed");
-  m.def("huge_pages_stats", &huge_pages::stats, "[large allocations, their bytes] so far");
+  m.def("huge_pages_stats", &huge_pages::stats,
+        "[large allocations, their bytes, served from the cache, live peak, live + cached peak] "
+        "so far, [cached bytes, blocks] now");
+  m.def("huge_pages_set_cache_limit", &huge_pages::set_cache_limit,
+        "keep freed large blocks for reuse, up to this many bytes");
+  m.def("huge_pages_trim", &huge_pages::trim, "unmap cached blocks beyond this many bytes");
   m.def("counting_sort_perm", &counting_sort_perm, "stable counting-sort permutation");
   m.def("set_validation_cache_size", &vcache::set_capacity,
         "number of validated (rowptr, col) pairs remembered (0: validate on every call)");

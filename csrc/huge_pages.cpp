@@ -21,10 +21,14 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <list>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 // Transparent huge pages are a Linux feature; elsewhere install() changes nothing.
 #if defined(__linux__)
@@ -46,8 +50,58 @@ std::atomic<int64_t> g_bytes{0};
 std::mutex g_mu;
 std::unordered_map<void*, size_t> g_mapped;
 
+// Freed mappings kept for reuse (see set_cache_limit), oldest first: a reused block is
+// resident already, so the tensor placed there costs no page faults.  A miss first unmaps
+// cached blocks (oldest first) worth the new block's length, so cached and live blocks
+// together never exceed the most the live ones ever took: the cache does not raise the
+// process's peak, it keeps its memory between steps instead.
+std::list<std::pair<size_t, void*>> g_free;
+size_t g_free_bytes = 0;
+std::atomic<size_t> g_free_limit{0};
+std::atomic<int64_t> g_reused{0};
+// Bytes of our blocks live now, their peak, and the peak of live + cached (under g_mu):
+// what the cache's rule keeps equal (stats()).
+size_t g_live = 0, g_live_peak = 0, g_total_peak = 0;
+void note_live(int64_t delta) {
+  g_live += delta;
+  g_live_peak = std::max(g_live_peak, g_live);
+  g_total_peak = std::max(g_total_peak, g_live + g_free_bytes);
+}
+
+// Under g_mu: the newest cached block of exactly `len` bytes, or nullptr; on a miss, the
+// cached blocks to unmap (oldest first) so that the new mapping adds nothing to the total.
+void* take_cached(size_t len, std::vector<std::pair<size_t, void*>>& evicted) {
+  for (auto it = g_free.rbegin(); it != g_free.rend(); ++it) {
+    if (it->first != len) continue;
+    void* data = it->second;
+    g_free.erase(std::next(it).base());
+    g_free_bytes -= len;
+    g_reused.fetch_add(1, std::memory_order_relaxed);
+    return data;
+  }
+  size_t freed = 0;
+  while (freed < len && !g_free.empty()) {
+    evicted.push_back(g_free.front());
+    freed += g_free.front().first;
+    g_free_bytes -= g_free.front().first;
+    g_free.pop_front();
+  }
+  return nullptr;
+}
+
 void* map_aligned(size_t n) {
   const size_t len = (n + kPage - 1) / kPage * kPage;
+  std::vector<std::pair<size_t, void*>> evicted;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    // The same length: training repeats its tensors' sizes every step.
+    if (void* cached = take_cached(len, evicted)) {
+      g_mapped.emplace(cached, len);
+      note_live(len);
+      return cached;
+    }
+  }
+  for (auto& [bytes, data] : evicted) munmap(data, bytes);
   void* base = mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                     -1, 0);
   if (base == MAP_FAILED) return nullptr;
@@ -61,6 +115,7 @@ void* map_aligned(size_t n) {
   madvise(data, len, MADV_HUGEPAGE);  // advice only: a refusal leaves 4 KiB pages
   std::lock_guard<std::mutex> g(g_mu);
   g_mapped.emplace(data, len);
+  note_live(len);
   return data;
 }
 
@@ -68,12 +123,19 @@ void* map_aligned(size_t n) {
 // default allocator's (raw_deallocate may hand us a small block of the fallback).
 void release(void* data) {
   size_t len = 0;
+  bool kept = false;
   {
     std::lock_guard<std::mutex> g(g_mu);
     auto it = g_mapped.find(data);
     if (it != g_mapped.end()) {
       len = it->second;
       g_mapped.erase(it);
+      note_live(-static_cast<int64_t>(len));
+      if (g_free_bytes + len <= g_free_limit.load(std::memory_order_relaxed)) {
+        g_free.emplace_back(len, data);
+        g_free_bytes += len;
+        kept = true;
+      }
     }
   }
   if (len == 0) {
@@ -81,7 +143,7 @@ void release(void* data) {
     return;
   }
   c10::profiledCPUMemoryReporter().Delete(data);
-  munmap(data, len);
+  if (!kept) munmap(data, len);
 }
 #endif
 
@@ -152,6 +214,51 @@ bool uninstall() {
 
 bool installed() { return c10::GetAllocator(c10::DeviceType::CPU) == &g_allocator; }
 
-std::vector<int64_t> stats() { return {g_count.load(), g_bytes.load()}; }
+bool caching() {
+#ifdef LFG_HAVE_THP
+  return g_free_limit.load(std::memory_order_relaxed) > 0 && installed();
+#else
+  return false;
+#endif
+}
+
+std::vector<int64_t> stats() {
+#ifdef LFG_HAVE_THP
+  std::lock_guard<std::mutex> g(g_mu);
+  return {g_count.load(),
+          g_bytes.load(),
+          g_reused.load(),
+          static_cast<int64_t>(g_live_peak),
+          static_cast<int64_t>(g_total_peak),
+          static_cast<int64_t>(g_free_bytes),
+          static_cast<int64_t>(g_free.size())};
+#else
+  return {g_count.load(), g_bytes.load(), 0, 0, 0, 0, 0};
+#endif
+}
+
+void set_cache_limit(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "huge-page cache limit must be >= 0, got ", bytes);
+#ifdef LFG_HAVE_THP
+  g_free_limit.store(static_cast<size_t>(bytes));
+  trim(bytes);
+#endif
+}
+
+void trim(int64_t keep) {
+#ifdef LFG_HAVE_THP
+  std::vector<std::pair<void*, size_t>> out;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    // Oldest first, as on a miss.
+    while (!g_free.empty() && g_free_bytes > static_cast<size_t>(std::max<int64_t>(keep, 0))) {
+      out.emplace_back(g_free.front().second, g_free.front().first);
+      g_free_bytes -= g_free.front().first;
+      g_free.pop_front();
+    }
+  }
+  for (auto& [data, len] : out) munmap(data, len);
+#endif
+}
 
 }  // namespace huge_pages

@@ -18,7 +18,20 @@ bool uninstall();
 
 bool installed();
 
-// [large allocations served, bytes of them], counted since the process started.
+// [large allocations served, bytes of them, served from the cache, most bytes live at once,
+// most bytes live and cached at once] counted since the process started, then [bytes,
+// blocks] in the cache now.
 std::vector<int64_t> stats();
+
+// Freed large blocks are kept for reuse up to `bytes` in all (0, the default: every block is
+// unmapped when freed); lowering the limit unmaps what exceeds it.
+void set_cache_limit(int64_t bytes);
+
+// Unmaps cached blocks until at most `keep` bytes stay cached.
+void trim(int64_t keep);
+
+// Whether freed blocks are kept (a limit above 0) and the allocator is installed: then the
+// kernels' own output pool steps aside, so that one cache, with one rule, holds them all.
+bool caching();
 
 }  // namespace huge_pages

@@ -291,8 +291,8 @@ def _cached(edge_index: Tensor, extra: Tuple, build):
 
 
 def clear_cache() -> None:
-    """Drop all cached CSR structures, ``GCNConv`` normalizations (:mod:`.gcn`) and idle
-    pooled output buffers (frees their memory)."""
+    """Drop all cached CSR structures, ``GCNConv`` normalizations (:mod:`.gcn`), idle
+    pooled output buffers and the huge-page allocator's cached blocks (frees their memory)."""
     with _lock:
         _cache.clear()
         _stats["hits"] = _stats["misses"] = 0
@@ -303,6 +303,8 @@ def clear_cache() -> None:
 
     if cpp._module is not None:  # only if already loaded: never trigger a build here
         cpp._module.clear_pool()
+        if hasattr(cpp._module, "huge_pages_trim"):
+            cpp._module.huge_pages_trim(0)
 
 
 def cache_info() -> dict:

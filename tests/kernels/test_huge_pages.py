@@ -189,6 +189,7 @@ def _in_fresh_process(env_update: dict) -> dict:
     env = dict(os.environ)
     env.pop("THP_MEM_ALLOC_ENABLE", None)
     env.pop(HP.ENV, None)
+    env.pop(HP.CACHE_ENV, None)
     env.update(env_update)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -228,3 +229,94 @@ def test_on_warns_where_the_machine_has_no_transparent_huge_pages(restore_mode, 
     with pytest.warns(RuntimeWarning, match="transparent huge pages are off on this machine"):
         assert K.set_huge_pages("on") is False
     assert not HP.is_active()
+
+
+# --------------------------------------------------------------------------- block cache
+@pytest.fixture
+def block_cache(restore_mode):
+    """The allocator on, its cache off and empty before and after."""
+    cpp_or_skip()
+    _thp_or_skip()
+    K.set_huge_pages("on")
+    K.set_block_cache(0)
+    yield
+    K.set_block_cache(0)
+
+
+def test_block_cache_reuses_a_freed_block_of_the_same_length(block_cache):
+    K.set_block_cache("64M")
+    info = K.huge_pages_info()
+    t = torch.full((BIG // 4,), 3.0)
+    ptr = t.data_ptr()
+    del t
+    assert K.huge_pages_info()["cached_bytes"] == BIG and _mapping_of(ptr)  # kept mapped
+    u = torch.empty(BIG // 4)
+    assert u.data_ptr() == ptr and K.huge_pages_info()["reused"] == info["reused"] + 1
+    u.fill_(2.0)
+    assert bool((u == 2.0).all())  # a reused block is just memory: values are the writer's
+    other = torch.ones(BIG // 8)  # another length: a new mapping
+    assert other.data_ptr() != ptr and K.huge_pages_info()["cached_bytes"] == 0
+
+
+def test_block_cache_limit_and_trim(block_cache):
+    K.set_block_cache(BIG + HUGE)  # room for one block
+    a, b = torch.ones(BIG // 4), torch.ones(BIG // 4)
+    ptr_b = b.data_ptr()
+    del a, b  # the second does not fit: unmapped at once
+    assert K.huge_pages_info()["cached_blocks"] == 1 and not _mapping_of(ptr_b)
+    K.clear_cache()  # the kernels' clear_cache gives the cached blocks back too
+    assert K.huge_pages_info()["cached_bytes"] == 0
+    K.set_block_cache("64M")
+    c = torch.ones(BIG // 4)
+    ptr_c = c.data_ptr()
+    del c
+    K.set_block_cache(0)  # off: what it holds is unmapped
+    assert K.huge_pages_info()["cached_bytes"] == 0 and not _mapping_of(ptr_c)
+
+
+def test_block_cache_never_holds_more_than_the_live_peak(block_cache):
+    # A miss unmaps cached blocks (oldest first) worth the new block before mapping it.
+    from lightning_fullgraph.kernels import cpp
+    K.set_block_cache("1G")
+    before = K.huge_pages_info()["reused"]
+    for sizes in ([BIG, BIG // 2, BIG], [BIG // 4, 3 * BIG // 2], [BIG // 4],
+                  [BIG, BIG // 2, BIG]):
+        held = [torch.ones(n // 4) for n in sizes]
+        del held
+    stats = cpp.load().huge_pages_stats()
+    live_peak, held_peak = stats[3], stats[4]
+    assert held_peak == live_peak
+    assert K.huge_pages_info()["reused"] > before  # the third round found the second's length
+
+
+def test_block_cache_values_and_gradients_are_unchanged(block_cache):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 256)
+    x = torch.randn(8192, 256)
+    want = torch.autograd.grad(lin(x).square().sum(), list(lin.parameters()))
+    K.set_block_cache("256M")
+    for _ in range(3):  # the later rounds run in reused blocks
+        got = torch.autograd.grad(lin(x).square().sum(), list(lin.parameters()))
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    assert K.huge_pages_info()["reused"] > 0
+
+
+def test_block_cache_limits_are_parsed_and_checked(monkeypatch):
+    assert HP._parse_bytes("2G") == 2 << 30 and HP._parse_bytes("512MiB") == 512 << 20
+    assert HP._parse_bytes(4096) == 4096 and HP._parse_bytes("1.5k") == 1536
+    for bad in ("lots", "-1", "3X"):
+        with pytest.raises(ValueError, match="block cache limit"):
+            HP._parse_bytes(bad)
+    monkeypatch.setenv(HP.CACHE_ENV, "plenty")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert HP._cache_from_env() == 0
+    assert any("LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE" in str(w.message) for w in caught)
+
+
+def test_block_cache_from_the_environment():
+    cpp_or_skip()
+    _thp_or_skip()
+    assert _in_fresh_process({})["cache_limit"] == 0  # off by default
+    assert _in_fresh_process({HP.CACHE_ENV: "1G"})["cache_limit"] == 1 << 30
