@@ -17,7 +17,8 @@ Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
 from .backend import BACKENDS, current, resolve, use
 from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr, pool_info
 from .functional import aggregate
-from .huge_pages import get_block_cache, get_huge_pages, huge_pages_info, set_block_cache, set_huge_pages
+from .huge_pages import (get_block_cache, get_huge_pages, huge_pages_info, set_block_cache,
+                         set_huge_pages)
 from .locality import NodeOrder, get_locality, locality_score, set_locality
 from .pyg import AccelerationHandle, accelerate, is_accelerated, register_layer, registered_layers
 
