@@ -75,7 +75,8 @@ void release(void* aligned, size_t usable, Block b) {
     std::lock_guard<std::mutex> g(mu);
     if (history.size() > 256) history.clear();  // many shapes come and go: start over
     const Record& r = history[usable];
-    if (r.dropped <= r.reused && pooled + usable <= max_pooled()) {
+    // Not while the block cache is on: empty() does not take from the pool then.
+    if (r.dropped <= r.reused && pooled + usable <= max_pooled() && !huge_pages::caching()) {
       (void)aligned;
       free_blocks.emplace(usable, b);
       pooled += usable;

@@ -131,7 +131,8 @@ void release(void* data) {
       len = it->second;
       g_mapped.erase(it);
       note_live(-static_cast<int64_t>(len));
-      if (g_free_bytes + len <= g_free_limit.load(std::memory_order_relaxed)) {
+      // Kept only while ours is the allocator: otherwise nothing would ever reuse it.
+      if (g_free_bytes + len <= g_free_limit.load(std::memory_order_relaxed) && installed()) {
         g_free.emplace_back(len, data);
         g_free_bytes += len;
         kept = true;
@@ -209,6 +210,7 @@ bool install(int64_t threshold) {
 bool uninstall() {
   if (c10::GetAllocator(c10::DeviceType::CPU) != &g_allocator) return false;
   c10::SetAllocator(c10::DeviceType::CPU, c10::GetDefaultCPUAllocator(), 0);
+  trim(0);  // cached blocks would never be handed out again
   return true;
 }
 

@@ -40,7 +40,9 @@ read at import) keeps freed blocks up to that many bytes and hands one out again
 allocation of exactly its length (training repeats its tensors' sizes every step), the
 kernels' outputs included (their own pool steps aside while the cache is on).  A miss first
 unmaps cached blocks (oldest first) worth the new block's length, so the blocks held, live and
-cached, never exceed the most the live ones ever took.  ``benchmarks/block_cache.py``: a
+cached, never exceed the most the live ones ever took; :func:`~.csr.clear_cache`,
+``set_block_cache(0)`` and turning the allocator off give the cached blocks back.
+``benchmarks/block_cache.py``: a
 2-layer GCN step on 1M nodes / 16M edges 1.50x faster, its peak unchanged (3,363 -> 3,302 MiB
 over the training steps) -- but the process keeps that peak between steps, and a leaner
 single process moves issue #8's per-rank memory ratio up (README).  So it is off by default.

@@ -320,3 +320,16 @@ def test_block_cache_from_the_environment():
     _thp_or_skip()
     assert _in_fresh_process({})["cache_limit"] == 0  # off by default
     assert _in_fresh_process({HP.CACHE_ENV: "1G"})["cache_limit"] == 1 << 30
+
+
+def test_block_cache_is_emptied_when_the_allocator_goes(block_cache):
+    K.set_block_cache("64M")
+    t = torch.ones(BIG // 4)
+    u = torch.ones(BIG // 4)
+    ptr_u = u.data_ptr()
+    del t
+    assert K.huge_pages_info()["cached_blocks"] == 1
+    K.set_huge_pages("off")  # uninstalled: what it holds could never be handed out again
+    assert K.huge_pages_info()["cached_bytes"] == 0
+    del u  # freed after uninstall: unmapped, not kept
+    assert K.huge_pages_info()["cached_bytes"] == 0 and not _mapping_of(ptr_u)
