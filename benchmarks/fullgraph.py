@@ -59,6 +59,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue as queue_module
+import re
 import resource
 import socket
 import statistics
@@ -261,7 +262,15 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
 
     epochs: List[Dict[str, Any]] = []
     total = int(cfg["warmup"]) + int(cfg["epochs"])
+    cache_ab = None
+    if cfg.get("block_cache_ab"):
+        from lightning_fullgraph.kernels import huge_pages as hp
+        cache_ab = hp._parse_bytes(cfg["block_cache_ab"])
     for epoch in range(total):
+        cache_on = None
+        if cache_ab is not None and epoch >= int(cfg["warmup"]):
+            cache_on = block_cache_setting(epoch - int(cfg["warmup"]))
+            hp.set_block_cache(cache_ab if cache_on else 0)  # every rank, the same epoch
         if engine is not None:
             dist.barrier()
             engine.stats.reset()
@@ -287,6 +296,9 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
                              "total_s": t_end - t_start, "forward_s": t_fwd - t_start,
                              "backward_s": t_bwd - t_fwd, "step_s": t_end - t_bwd,
                              "allreduce_s": allreduce_s[0]}
+        if cache_on is not None:
+            e["block_cache"] = cache_on
+            e["block_cache_steady"] = (epoch - int(cfg["warmup"])) % 2 == 1
         # The global mean training loss (a correctness check against single).
         if engine is not None:
             snap = engine.stats.snapshot()
@@ -395,6 +407,26 @@ def _std(values: List[float]) -> float:
     return float(statistics.stdev(values)) if len(values) > 1 else 0.0
 
 
+def block_cache_setting(timed_epoch: int) -> bool:
+    r"""``--block-cache-ab``: whether timed epoch :obj:`timed_epoch` runs with the block cache
+    (pairs off, off, on, on, ...; the second epoch of a pair is the steady one)."""
+    return (timed_epoch // 2) % 2 == 1
+
+
+def block_cache_ab(epoch_total: List[float], timed: List[Dict[str, Any]]) -> Optional[dict]:
+    r"""Mean of the steady epochs (slowest rank) with the block cache off and on, or ``None``."""
+    if not timed or "block_cache" not in timed[0]:
+        return None
+    on = [t for t, e in zip(epoch_total, timed) if e["block_cache_steady"] and e["block_cache"]]
+    off = [t for t, e in zip(epoch_total, timed)
+           if e["block_cache_steady"] and not e["block_cache"]]
+    if not on or not off:
+        return None
+    out = {"off_s": _mean(off), "on_s": _mean(on), "epochs_off": off, "epochs_on": on}
+    out["speedup"] = out["off_s"] / out["on_s"]
+    return out
+
+
 def summarize(name: str, world: int, threads: int, ranks: List[Dict[str, Any]],
               cores: int) -> Dict[str, Any]:
     r"""Per-configuration summary of the per-rank records."""
@@ -448,6 +480,7 @@ def summarize(name: str, world: int, threads: int, ranks: List[Dict[str, Any]],
         "losses": [e["loss"] for e in ranks[0]["epochs"]],
         "num_parameters": ranks[0]["num_parameters"],
         "ranks": per_rank,
+        "block_cache_ab": block_cache_ab(epoch_total, timed[0]),
     }
 
 
@@ -632,6 +665,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overlap", action="store_true",
                    help="FullGraphEngine(overlap=True): the halo transfer runs while the "
                         "edges with owned sources aggregate (needs --kernels other than pyg)")
+    p.add_argument("--block-cache-ab", default=None, metavar="LIMIT",
+                   help="time the huge-page allocator's block cache (kernels.set_block_cache) "
+                        "against none in the same processes: timed epochs in pairs, off, off, "
+                        "on, on, ...; the second of each pair counts (the first fills or "
+                        "empties the cache). LIMIT in bytes with a K/M/G suffix, e.g. 8G; "
+                        "needs --kernels auto or cpp")
     p.add_argument("--validate", action="store_true",
                    help="after every training step, one evaluation forward on the same "
                         "features under torch.no_grad(), as Lightning's validation loop runs "
@@ -661,6 +700,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--parts must list world sizes >= 2 (the single process always runs)")
     if args.epochs < 1 or args.warmup < 0:
         p.error("need --epochs >= 1 and --warmup >= 0")
+    if args.block_cache_ab is not None:
+        if args.kernels not in ("auto", "cpp"):
+            p.error("--block-cache-ab needs --kernels auto or cpp (the cache is the C++ "
+                    "kernels' huge-page allocator's)")
+        if not re.fullmatch(r"\s*\d+(\.\d+)?\s*([kmg]i?b?)?\s*", args.block_cache_ab, re.I):
+            p.error(f"--block-cache-ab {args.block_cache_ab!r}: expected bytes with an optional "
+                    "K/M/G suffix, e.g. 8G")
+        if args.epochs < 4:
+            p.error("--block-cache-ab needs --epochs >= 4 (two pairs: off, off, on, on)")
     return args
 
 
@@ -791,6 +839,7 @@ def main(argv=None) -> int:
     base_cfg = {"model": args.model, "kernels": args.kernels, "hidden": args.hidden,
                 "aggregation": args.aggregation, "overlap": args.overlap,
                 "validate": args.validate,
+                "block_cache_ab": args.block_cache_ab,
                 "num_classes": args.classes,
                 "epochs": args.epochs, "warmup": args.warmup, "seed": args.seed,
                 "timeout_s": args.timeout}
@@ -809,6 +858,11 @@ def main(argv=None) -> int:
         runs[name]["per_rank_records"] = ranks
         log(f"[run] {name}: epoch {runs[name]['epoch_s']:.2f} s, max peak RSS "
             f"{runs[name]['peak_rss_kib_max'] / 1024:,.0f} MiB (wall {runs[name]['wall_s']:.0f} s)")
+        ab = runs[name]["block_cache_ab"]
+        if ab is not None:
+            log(f"[run] {name}: block cache off {ab['off_s']:.3f} s, on {ab['on_s']:.3f} s per "
+                f"epoch (x{ab['speedup']:.3f}; steady epochs {len(ab['epochs_off'])} + "
+                f"{len(ab['epochs_on'])}, slowest rank)")
 
     res: Dict[str, Any] = {
         "meta": {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -1,0 +1,33 @@
+"""``benchmarks/fullgraph.py --block-cache-ab``: which timed epochs run with the block cache,
+which count, and what is refused."""
+import pytest
+
+
+def test_epochs_come_in_pairs_and_the_second_of_each_counts(load_benchmark):
+    fg = load_benchmark("fullgraph")
+    settings = [fg.block_cache_setting(i) for i in range(8)]
+    assert settings == [False, False, True, True, False, False, True, True]
+    timed = [{"block_cache": on, "block_cache_steady": i % 2 == 1}
+             for i, on in enumerate(settings)]
+    ab = fg.block_cache_ab([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], timed)
+    assert ab["epochs_off"] == [2.0, 6.0] and ab["epochs_on"] == [4.0, 8.0]
+    assert ab["off_s"] == 4.0 and ab["on_s"] == 6.0 and ab["speedup"] == pytest.approx(4 / 6)
+    assert fg.block_cache_ab([1.0], [{"loss": 0.0}]) is None  # not an A/B run
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--block-cache-ab", "8G"], "needs --kernels auto or cpp"),
+    (["--block-cache-ab", "lots", "--kernels", "auto"], "expected bytes"),
+    (["--block-cache-ab", "8G", "--kernels", "auto", "--epochs", "3"], "--epochs >= 4"),
+])
+def test_bad_options_are_refused(load_benchmark, capsys, argv, message):
+    fg = load_benchmark("fullgraph")
+    with pytest.raises(SystemExit):
+        fg.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_good_options_parse(load_benchmark):
+    args = load_benchmark("fullgraph").parse_args(
+        ["--block-cache-ab", "8G", "--kernels", "auto", "--epochs", "8"])
+    assert args.block_cache_ab == "8G"
