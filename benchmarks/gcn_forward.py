@@ -22,6 +22,8 @@ same modules -- ``pyg_forward`` by removing the kernels' forward for the step:
 Each step is timed ``--rounds`` rounds in ABBA order in one process; reported: min, median and
 mean seconds, ``pyg_forward / ours`` of the medians, the largest difference of outputs and
 gradients (same inputs, fp32; 0 means bit-identical), and the bytes the normalization memo holds.
+``--profile`` adds one step of each under ``torch.profiler`` (``layers.profile_step``: self CPU
+seconds and the top ops), which shows where the difference goes.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def _build(case: str, features: int, hidden: int, classes: int):
 
 
 def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: int,
-        rounds: int, seed: int = 0) -> dict:
+        rounds: int, seed: int = 0, profile: bool = False) -> dict:
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv
@@ -120,6 +122,11 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
         diff = max([(out_o - out_p).abs().max().item()]
                    + [(a - b).abs().max().item() for a, b in zip(grads_o, grads_p)])
         t_ours, t_pyg = abba(lambda: step(True)[0], lambda: step(False)[0], rounds)
+        profiles = None
+        if profile:
+            from layers import profile_step
+            profiles = {"ours": profile_step(lambda: step(True)),
+                        "pyg_forward": profile_step(lambda: step(False))}
         for conv, forward in zip(convs, ours):
             conv.__dict__["forward"] = forward
         memo = gcn.memo_info()
@@ -129,6 +136,8 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
            "hidden": hidden, "classes": classes, "rounds": rounds, "max_abs_diff": diff,
            "memo_bytes": memo["bytes"], "ours": spread(t_ours), "pyg_forward": spread(t_pyg)}
     row["speedup_median"] = row["pyg_forward"]["median"] / row["ours"]["median"]
+    if profiles is not None:
+        row["profile"] = profiles
     return row
 
 
@@ -143,6 +152,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--classes", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=8, help="ABBA rounds (both ways each)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also one step of each under torch.profiler (top ops)")
     parser.add_argument("--json", action="store_true", help="only the JSON on stdout")
     args = parser.parse_args(argv)
     rows = []
@@ -150,7 +161,7 @@ def main(argv=None) -> int:
         nodes, edges = ((args.layer_nodes, args.layer_edges) if case == "layer"
                         else (args.model_nodes, args.model_edges))
         rows.append(run(case, nodes, edges, args.features, args.hidden, args.classes,
-                        args.rounds))
+                        args.rounds, profile=args.profile))
     print(json.dumps(rows, indent=2))
     if not args.json:
         print("| case | graph | ours (memo + bias in place) | PyG's forward | gain | max abs diff "
@@ -162,6 +173,11 @@ def main(argv=None) -> int:
                   f"| {r['pyg_forward']['median']:.3f} s | x{r['speedup_median']:.3f} "
                   f"| {r['max_abs_diff']:.1e} | {r['memo_bytes'] / 2**20:.0f} |")
         print(f"median of {args.rounds} ABBA rounds per contender, one process")
+        for r in rows:
+            for name, p in r.get("profile", {}).items():
+                print(f"# profile {r['case']} {name}: self CPU {p['self_total_s']:.3f} s")
+                for op in p["top"]:
+                    print(f"#   {op['self_s']:8.4f}s {op['calls']:4d}x  {op['op']}")
     return 0
 
 

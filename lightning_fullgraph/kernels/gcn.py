@@ -2,10 +2,10 @@ r"""``GCNConv``'s forward with the kernels: the graph normalized once, the bias 
 
 PyG's ``GCNConv`` (``cached=False``, its default) calls ``gcn_norm`` on every forward: a
 self-loop mask and a concatenation over the edges, a degree scatter, two gathers and products
-per edge.  With the aggregation on the kernels that is the largest cost left beside the
-products: on 1M nodes / 10M edges about 0.75 s of a 2-layer GCN's 3-3.6 s training step (an
-ad-hoc profile; ``benchmarks/gcn_forward.py`` times the gain).  With the kernels on, an
-unmodified ``GCNConv`` gets a forward that differs from PyG's in two places only:
+per edge.  With the aggregation on the kernels that is a large cost left beside the products
+(``benchmarks/gcn_forward.py --profile`` shows it; the README has the numbers).  With the
+kernels on, an unmodified ``GCNConv`` gets a forward that differs from PyG's in two places
+only:
 
 * **The normalization is memoized.**  The tensors PyG's ``gcn_norm`` returned are kept for the
   inputs they came from: the same ``edge_index`` and ``edge_weight`` objects with unchanged

@@ -13,7 +13,7 @@ def test_tiny_run():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--layer-nodes", "500", "--layer-edges",
                            "4000", "--model-nodes", "600", "--model-edges", "5000",
                            "--features", "16", "--hidden", "16", "--classes", "4",
-                           "--rounds", "2"],
+                           "--rounds", "2", "--profile"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     head, _, table = proc.stdout.rpartition("]\n")
@@ -24,4 +24,7 @@ def test_tiny_run():
         assert 0 < row["ours"]["min"] <= row["ours"]["median"]
         assert row["speedup_median"] == row["pyg_forward"]["median"] / row["ours"]["median"]
         assert row["memo_bytes"] > 0  # the normalization really was kept
+        assert set(row["profile"]) == {"ours", "pyg_forward"}
+        assert all(p["self_total_s"] > 0 and p["top"] for p in row["profile"].values())
     assert "| 2-layer GCN step (hidden 16) | 600 / 5,000 |" in table
+    assert "# profile model pyg_forward: self CPU" in table
