@@ -275,8 +275,8 @@ def _cached(edge_index: Tensor, extra: Tuple, build):
                 _cache.move_to_end(key)
                 _stats["hits"] += 1
                 return ent.csr
-    # Built as normal tensors even in inference mode (an evaluation before training, e.g.
-    # Lightning's sanity check): later calls save them for backward, which inference tensors
+    # Built as normal tensors even in inference mode (an evaluation under
+    # torch.inference_mode() before training): later calls save them for backward, which inference tensors
     # refuse. An inference edge_index is kept as a private normal copy (it has no version
     # counter to reveal an in-place edit).
     with torch.inference_mode(False):
