@@ -1,12 +1,14 @@
 #!/usr/bin/env python
 """Unmodified ``GCNConv`` with the kernels' forward (normalization memoized, bias in place), or
-PyG's forward on the same kernels.
+PyG's forward on the same kernels; and the other layers that call ``gcn_norm`` in every
+forward (``APPNP``, ``TAGConv``, ``SGConv``, ``GCN2Conv``) with and without the memo.
 
 Usage::
 
     python benchmarks/gcn_forward.py                  # layer (500k/8M) and 2-layer model (1M/16M)
     python benchmarks/gcn_forward.py --cases model    # only the 2-layer training step
     python benchmarks/gcn_forward.py --json           # only the JSON on stdout
+    python benchmarks/gcn_forward.py --cases appnp tag sg gcn2   # the memo in other layers
 
 With the kernels on (``kernels.use("auto")``) a ``GCNConv`` runs the forward of
 :mod:`lightning_fullgraph.kernels.gcn`: ``gcn_norm``'s result kept per input graph, the bias
@@ -17,7 +19,12 @@ same modules -- ``pyg_forward`` by removing the kernels' forward for the step:
   ``benchmarks/layers.py`` times it;
 * ``model``: one training step of a 2-layer GCN (``GCNConv(F, hidden)``, ReLU,
   ``GCNConv(hidden, classes)``, cross-entropy on 60 % of the nodes, Adam) on 1M / 16M -- the
-  end-to-end epoch of issue #13.
+  end-to-end epoch of issue #13;
+* ``appnp``, ``tag``, ``sg``, ``gcn2``: ``APPNP(K=10, alpha=0.1)``, ``TAGConv(F, F, K=3)``,
+  ``SGConv(F, F, K=2)`` (``cached=False``, PyG's default) and ``GCN2Conv(F, alpha=0.1,
+  theta=0.5, layer=1)`` (``x_0 = x``), forward + backward on the layer case's graph. Their
+  kernels' forward is PyG's with ``gcn_norm`` answered from the memo
+  (``kernels.gcn.scoped_forward``): the only difference from PyG's forward is the memo.
 
 Each step is timed ``--rounds`` rounds in ABBA order in one process; reported: min, median and
 mean seconds, ``pyg_forward / ours`` of the medians, the largest difference of outputs and
@@ -36,7 +43,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CASES = ("layer", "model")
+CASES = ("layer", "model", "appnp", "tag", "sg", "gcn2")
+#: Layer cases besides GCNConv (see the module docstring).
+NORMALIZING = ("appnp", "tag", "sg", "gcn2")
+
+
+def _normalizing_layer(case: str, f: int):
+    from torch_geometric import nn as gnn
+    if case == "appnp":
+        return gnn.APPNP(K=10, alpha=0.1)
+    if case == "tag":
+        return gnn.TAGConv(f, f, K=3)
+    if case == "sg":
+        return gnn.SGConv(f, f, K=2)
+    return gnn.GCN2Conv(f, alpha=0.1, theta=0.5, layer=1)
 
 
 def _build(case: str, features: int, hidden: int, classes: int):
@@ -45,6 +65,8 @@ def _build(case: str, features: int, hidden: int, classes: int):
 
     if case == "layer":
         return torch.nn.ModuleList([GCNConv(features, features)])
+    if case in NORMALIZING:
+        return torch.nn.ModuleList([_normalizing_layer(case, features)])
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -62,7 +84,6 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
         rounds: int, seed: int = 0, profile: bool = False) -> dict:
     import torch
     import torch.nn.functional as F
-    from torch_geometric.nn import GCNConv
 
     import lightning_fullgraph.kernels as K
     from kernels import abba, power_law_graph, spread
@@ -71,8 +92,13 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
     torch.manual_seed(seed)
     ei = power_law_graph(nodes, edges, src_skew=2.0, dst_skew=2.0, seed=seed)
     model = _build(case, features, hidden, classes)
-    convs = [m for m in model.modules() if isinstance(m, GCNConv)]
-    if case == "layer":
+    convs = [m for m in model.modules() if gcn.applies(m) or gcn.normalizes(m)]
+    single = case != "model"  # one layer, forward + backward
+
+    def layer_call(layer, x, ei):
+        return layer(x, x, ei) if case == "gcn2" else layer(x, ei)
+
+    if single:
         x = torch.randn(nodes, features, requires_grad=True)
         g = torch.randn(nodes, features)
         opt = None
@@ -84,10 +110,13 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
     K.clear_cache()
     K.use("auto")
     try:
-        (model[0] if case == "layer" else model)(x, ei)  # installs the kernels' forwards
+        if single:  # installs the kernels' forwards
+            layer_call(model[0], x, ei)
+        else:
+            model(x, ei)
         ours = [conv.__dict__.get("forward") for conv in convs]
-        if any(f is None for f in ours):
-            raise RuntimeError("the kernels' forward was not installed on GCNConv")
+        if not ours or any(f is None for f in ours):
+            raise RuntimeError(f"the kernels' forward was not installed ({case})")
 
         def step(use_ours: bool):
             for conv, forward in zip(convs, ours):
@@ -99,8 +128,8 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
                 x.grad = None
             model.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
-            if case == "layer":
-                out = model[0](x, ei)
+            if single:
+                out = layer_call(model[0], x, ei)
                 out.backward(g)
             else:
                 out = model(x, ei)
@@ -143,7 +172,8 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=["layer", "model"],
+                        help="default: layer model")
     parser.add_argument("--layer-nodes", type=int, default=500_000)
     parser.add_argument("--layer-edges", type=int, default=8_000_000)
     parser.add_argument("--model-nodes", type=int, default=1_000_000)
@@ -158,17 +188,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for case in args.cases:
-        nodes, edges = ((args.layer_nodes, args.layer_edges) if case == "layer"
-                        else (args.model_nodes, args.model_edges))
+        nodes, edges = ((args.model_nodes, args.model_edges) if case == "model"
+                        else (args.layer_nodes, args.layer_edges))
         rows.append(run(case, nodes, edges, args.features, args.hidden, args.classes,
                         args.rounds, profile=args.profile))
     print(json.dumps(rows, indent=2))
     if not args.json:
-        print("| case | graph | ours (memo + bias in place) | PyG's forward | gain | max abs diff "
+        print("| case | graph | kernels' forward (memo) | PyG's forward | gain | max abs diff "
               "| memo MiB |\n| --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
-            what = (f"GCNConv({r['features']}, {r['features']}) fwd+bwd" if r["case"] == "layer"
-                    else f"2-layer GCN step (hidden {r['hidden']})")
+            what = {"layer": f"GCNConv({r['features']}, {r['features']}) fwd+bwd",
+                    "model": f"2-layer GCN step (hidden {r['hidden']})",
+                    "appnp": "APPNP(K=10) fwd+bwd", "tag": "TAGConv(K=3) fwd+bwd",
+                    "sg": "SGConv(K=2) fwd+bwd", "gcn2": "GCN2Conv fwd+bwd"}[r["case"]]
             print(f"| {what} | {r['nodes']:,} / {r['edges']:,} | {r['ours']['median']:.3f} s "
                   f"| {r['pyg_forward']['median']:.3f} s | x{r['speedup_median']:.3f} "
                   f"| {r['max_abs_diff']:.1e} | {r['memo_bytes'] / 2**20:.0f} |")

@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, Iterator, Set, Tuple
 __all__ = [
     "TESTED_VERSIONS", "UntestedVersionError", "require", "installed_version",
     "propagate_source_args", "edge_update_source_args", "hook_dicts", "set_hook_dict",
-    "modules_binding", "has_forward_hooks",
+    "modules_binding", "has_forward_hooks", "pyg_gcn_norm", "route_gcn_norm",
+    "unroute_gcn_norm", "gcn_norm_router",
     "fabric_is_using_cli", "fabric_run_command", "signal_connector", "stage_data_sources",
     "attach_datamodule", "collect_rng_states", "set_rng_states",
     "pymetis_extension_path", "pymetis_option_indices",
@@ -156,6 +157,77 @@ def modules_binding(function: Callable, prefix: str = "torch_geometric") -> Iter
         if getattr(module, "__name__", "").startswith(prefix) \
                 and getattr(module, name, None) is function:
             yield module
+
+
+# -- PyG's gcn_norm, routed ------------------------------------------------------------------
+# Two parts of the library act on PyG's gcn_norm calls: the distributed engine (halo degrees,
+# inside partitioned layers) and the kernels (a memo, inside accelerated layers). Both go
+# through one rebinding of the module globals, so neither hides PyG's function from the
+# other. Handlers run by priority (lowest first); a handler returns NotImplemented to pass.
+_gcn_norm_original: Any = None
+_gcn_norm_handlers: list = []  # (priority, order, handler)
+_gcn_norm_rebound: list = []  # (module, its function before) where the router is
+_gcn_norm_order = [0]
+
+
+def pyg_gcn_norm() -> Callable:
+    r"""PyG's own ``gcn_norm`` (``torch_geometric.nn.conv.gcn_conv.gcn_norm`` as PyG defines
+    it), whether or not it is routed now."""
+    global _gcn_norm_original
+    if _gcn_norm_original is None:
+        from torch_geometric.nn.conv import gcn_conv
+        fn = gcn_conv.gcn_norm
+        if fn is _route:
+            raise RuntimeError("gcn_norm was routed before PyG's function was recorded")
+        _gcn_norm_original = fn
+    return _gcn_norm_original
+
+
+def _route(*args: Any, **kwargs: Any) -> Any:
+    # Plain Python: under torch.compile a handler that cannot be traced is compile-disabled
+    # itself (the engine's), one that only applies in eager mode passes (the kernels').
+    for _priority, _order, handler in _gcn_norm_handlers:
+        out = handler(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    return _gcn_norm_original(*args, **kwargs)
+
+
+def gcn_norm_router() -> Callable:
+    r"""The function PyG's modules call as ``gcn_norm`` while a handler is routed."""
+    return _route
+
+
+def route_gcn_norm(handler: Callable, priority: int = 0) -> None:
+    r"""Puts :obj:`handler` in front of PyG's ``gcn_norm`` in every loaded PyG module that
+    calls it (``gcn_conv``, ``sg_conv``, ``appnp``, ...), until :func:`unroute_gcn_norm`.
+
+    The handler is called with ``gcn_norm``'s arguments and returns its result, or
+    :obj:`NotImplemented` to leave the call to the next handler and in the end to PyG.
+    Reference counted: a handler routed twice must be unrouted twice.  A module whose
+    ``gcn_norm`` someone else replaced is left alone.
+    """
+    original = pyg_gcn_norm()
+    _gcn_norm_order[0] += 1
+    _gcn_norm_handlers.append((int(priority), _gcn_norm_order[0], handler))
+    _gcn_norm_handlers.sort(key=lambda entry: entry[:2])
+    for module in modules_binding(original):  # again: PyG may have loaded more modules
+        setattr(module, "gcn_norm", _route)
+        _gcn_norm_rebound.append((module, original))
+
+
+def unroute_gcn_norm(handler: Callable) -> None:
+    r"""Undoes one :func:`route_gcn_norm` of :obj:`handler`; with the last handler gone,
+    PyG's modules call PyG's function again (those whose ``gcn_norm`` is still the router)."""
+    for i, entry in enumerate(_gcn_norm_handlers):
+        if entry[2] is handler:
+            del _gcn_norm_handlers[i]
+            break
+    if not _gcn_norm_handlers:
+        while _gcn_norm_rebound:
+            module, original = _gcn_norm_rebound.pop()
+            if getattr(module, "gcn_norm", None) is _route:
+                setattr(module, "gcn_norm", original)
 
 
 # -- Lightning -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from torch_geometric.nn import GATConv, GCNConv
 
 from lightning_fullgraph import compat
@@ -57,6 +58,36 @@ def test_pyg_internals_are_where_the_engine_expects_them():
         assert len(compat.hook_dicts(gat, kind)) == 0
     from torch_geometric.nn.conv import sg_conv
     assert sg_conv in list(compat.modules_binding(sg_conv.gcn_norm))
+
+
+def test_gcn_norm_routing_priority_counting_and_restore(monkeypatch):
+    from torch_geometric.nn.conv import appnp, gcn_conv, sg_conv
+    pyg = compat.pyg_gcn_norm()
+    seen = []
+
+    def first(*args, **kwargs):
+        seen.append("first")
+        return NotImplemented
+
+    def second(*args, **kwargs):
+        seen.append("second")
+        return "second's"
+
+    mine = lambda *a, **k: "mine"  # noqa: E731 -- a user's own replacement, left alone
+    monkeypatch.setattr(appnp, "gcn_norm", mine)
+    compat.route_gcn_norm(second, priority=10)
+    compat.route_gcn_norm(first, priority=0)  # routed later, asked first
+    try:
+        assert sg_conv.gcn_norm is compat.gcn_norm_router() is gcn_conv.gcn_norm
+        assert appnp.gcn_norm is mine
+        assert sg_conv.gcn_norm(None) == "second's" and seen == ["first", "second"]
+        compat.unroute_gcn_norm(second)
+        assert sg_conv.gcn_norm is compat.gcn_norm_router()  # first is still routed
+        ei = torch.tensor([[0, 1], [1, 0]])
+        assert torch.equal(sg_conv.gcn_norm(ei, num_nodes=2)[0], pyg(ei, num_nodes=2)[0])
+    finally:
+        compat.unroute_gcn_norm(first)
+    assert sg_conv.gcn_norm is pyg and gcn_conv.gcn_norm is pyg and appnp.gcn_norm is mine
 
 
 def test_lightning_and_pymetis_internals_exist():

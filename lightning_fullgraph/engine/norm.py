@@ -7,10 +7,11 @@ distributed version computes owned degrees locally and fetches halo degrees
 through the same halo exchange that carries features (one scalar per halo row).
 
 PyG's convolutions call ``gcn_norm`` from their module namespaces
-(``sg_conv.gcn_norm``, ``appnp.gcn_norm``, ...).  :func:`patch_gcn_norm` swaps
-each of those references for a dispatcher that runs the distributed version
-while a partitioned layer is executing and PyG's own otherwise; it is reference
-counted and undone by :func:`unpatch_gcn_norm`.  Inside a partitioned layer a sparse
+(``sg_conv.gcn_norm``, ``appnp.gcn_norm``, ...).  :func:`patch_gcn_norm` routes
+each of those references through a dispatcher that runs the distributed version
+while a partitioned layer is executing and passes the call on otherwise (to the
+kernels' memo where it applies, else to PyG's own; :func:`.compat.route_gcn_norm`);
+it is reference counted and undone by :func:`unpatch_gcn_norm`.  Inside a partitioned layer a sparse
 adjacency is refused (PyG's local normalization would use wrong halo degrees).
 
 In pre/hybrid aggregation (:mod:`.aggregation`) the layer propagates over its mode's edges,
@@ -19,11 +20,10 @@ owned degrees over the complete in-edge list, fetches the degrees of the mode's 
 (post channel) and of the pre slots' destinations (from their owners), and returns the mode's
 edges (with self-loops) and weights.  The layer then propagates exactly what one process would.
 """
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch_geometric.nn.conv import gcn_conv
 from torch_geometric.utils import add_remaining_self_loops, scatter
 
 from .. import compat
@@ -31,8 +31,7 @@ from .context import current_layer
 
 __all__ = ["distributed_gcn_norm", "patch_gcn_norm", "unpatch_gcn_norm"]
 
-_pyg_gcn_norm = gcn_conv.gcn_norm
-_patched: List[Tuple[object, str]] = []
+_pyg_gcn_norm = compat.pyg_gcn_norm()
 _patch_count = 0
 
 
@@ -182,8 +181,7 @@ def _dispatch_gcn_norm(edge_index, edge_weight=None, num_nodes=None, improved=Fa
                        add_self_loops=True, flow="source_to_target", dtype=None):
     layer = current_layer()
     if layer is None:
-        return _pyg_gcn_norm(edge_index, edge_weight, num_nodes, improved,
-                             add_self_loops, flow, dtype)
+        return NotImplemented  # not inside a partitioned layer: the next handler, or PyG
     from .partitioned import check_dense_edge_index
     check_dense_edge_index(edge_index, layer.key)
     router = getattr(layer.owner, "router", None)
@@ -240,18 +238,15 @@ def patch_gcn_norm() -> None:
     r"""Routes every imported ``gcn_norm`` reference through the dispatcher."""
     global _patch_count
     _patch_count += 1
-    if _patch_count > 1:
-        return
-    for module in compat.modules_binding(_pyg_gcn_norm):
-        setattr(module, "gcn_norm", _dispatch_gcn_norm)
-        _patched.append((module, "gcn_norm"))
+    if _patch_count == 1:  # first in line: a partitioned layer's call is the engine's
+        compat.route_gcn_norm(_dispatch_gcn_norm, priority=0)
 
 
 def unpatch_gcn_norm() -> None:
-    r"""Undoes one :func:`patch_gcn_norm`; the last one restores PyG's function."""
+    r"""Undoes one :func:`patch_gcn_norm`; the last one takes the dispatcher out."""
     global _patch_count
-    _patch_count = max(0, _patch_count - 1)
     if _patch_count == 0:
-        while _patched:
-            module, attr = _patched.pop()
-            setattr(module, attr, _pyg_gcn_norm)
+        return
+    _patch_count -= 1
+    if _patch_count == 0:
+        compat.unroute_gcn_norm(_dispatch_gcn_norm)

@@ -14,12 +14,12 @@ only:
   last :data:`MEMO_SIZE` graphs; an entry goes with its input tensors.  Recomputed, never
   kept: edge weights that require grad (the result must carry their autograd graph), results
   made in inference mode or from inference tensors (those cannot be saved for a later
-  backward, nor do they count in-place edits), a
-  ``gcn_norm`` that is not PyG's (the distributed engine's: its own static cache decides
-  there), and anything under ``torch.compile`` (PyG's forward is traced as it is).  Returned
-  tensors that were modified in place since are recomputed too.  Memory: the looped edge list
-  kept here is the very tensor the kernels' CSR cache keeps, so between steps the memo adds
-  the weights, :math:`(E + N) \times` 4 bytes in float32.
+  backward, nor do they count in-place edits), a ``gcn_norm`` that is not PyG's (a user's
+  replacement; the distributed engine's inside a partitioned layer, where its own static
+  cache decides), and anything under ``torch.compile`` (PyG's forward is traced as it is).
+  Returned tensors that were modified in place since are recomputed too.  Memory: the
+  looped edge list kept here is the very tensor the kernels' CSR cache keeps, so between
+  steps the memo adds the weights, :math:`(E + N) \times` 4 bytes in float32.
 * **The bias is added in place** when the aggregation is the kernels' fresh output, whose
   autograd node keeps nothing of it (no propagate forward hook, same dtype and device as the
   bias): ``out.add_(bias)`` instead of ``out + bias``, the same values without a second
@@ -28,17 +28,33 @@ only:
 Values are bit-identical to PyG's forward (``tests/kernels/test_gcn.py``); everything else
 (tuples of features, ``SparseTensor`` or ``torch.sparse`` graphs, subclasses with their own
 forward) runs PyG's forward.
+
+The other layers the kernels run that normalize with ``gcn_norm`` in every forward
+(``SGConv`` without ``cached``, ``APPNP``, ``TAGConv``, ``GCN2Conv``) keep PyG's forward and
+get the same memo: while their forward runs, their ``gcn_norm`` calls are answered from it
+(:func:`memo_scope`).  The memo reaches those calls through the one rebinding of PyG's
+``gcn_norm`` that the distributed engine uses too (:func:`..compat.route_gcn_norm`, made
+while a layer is accelerated): the engine's handler comes first, so inside a partitioned layer
+the engine normalizes (halo degrees) and its static cache decides what is kept.
 """
+import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .. import compat
 
-__all__ = ["MEMO_SIZE", "applies", "kernel_forward", "normalize", "clear_memo", "memo_info"]
+__all__ = ["MEMO_SIZE", "NORMALIZING_LAYERS", "applies", "normalizes", "kernel_forward",
+           "scoped_forward", "memo_scope", "route", "unroute", "normalize", "clear_memo",
+           "memo_info"]
+
+#: PyG layers, besides ``GCNConv``, that the kernels run and that call ``gcn_norm`` in their
+#: forward (names in ``torch_geometric.nn``).
+NORMALIZING_LAYERS = ("SGConv", "APPNP", "TAGConv", "GCN2Conv")
 
 #: Graphs whose normalization is kept at once (least recently used goes first).
 MEMO_SIZE = 4
@@ -94,13 +110,28 @@ def applies(layer: Any) -> bool:
     return isinstance(layer, GCNConv) and type(layer).forward is GCNConv.forward
 
 
-def _pyg_gcn_norm() -> Optional[Callable]:
-    # The function GCNConv's module calls now; None when someone replaced it (the engine).
-    from torch_geometric.nn.conv import gcn_conv
-    fn = gcn_conv.gcn_norm
-    ok = getattr(fn, "__module__", None) == gcn_conv.__name__ and \
-        getattr(fn, "__qualname__", None) == "gcn_norm"
-    return fn if ok else None
+def normalizes(layer: Any) -> bool:
+    r"""Whether :obj:`layer` is one of :data:`NORMALIZING_LAYERS` running PyG's own forward."""
+    import torch_geometric.nn as gnn
+    for name in NORMALIZING_LAYERS:
+        cls = getattr(gnn, name)
+        if isinstance(layer, cls):
+            return type(layer).forward is cls.forward
+    return False
+
+
+_scope = threading.local()
+
+
+@contextmanager
+def memo_scope() -> Iterator[None]:
+    r"""While inside, this thread's ``gcn_norm`` calls are answered from the memo (where it
+    is routed, see :func:`route`, and applies: see the module docstring)."""
+    _scope.depth = getattr(_scope, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _scope.depth -= 1
 
 
 def _drop(key: tuple) -> Callable:
@@ -109,21 +140,62 @@ def _drop(key: tuple) -> Callable:
     return callback
 
 
+def _handler(edge_index: Any, edge_weight: Optional[Tensor] = None, num_nodes: Any = None,
+             improved: bool = False, add_self_loops: bool = True,
+             flow: str = "source_to_target", dtype: Optional[torch.dtype] = None) -> Any:
+    # The kernels' handler of PyG's gcn_norm calls: behind the engine's, before PyG's.
+    if torch.compiler.is_compiling() or not getattr(_scope, "depth", 0):
+        return NotImplemented
+    if (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
+            or num_nodes is None or (edge_weight is not None
+                                     and not isinstance(edge_weight, Tensor))):
+        return NotImplemented  # SparseTensor / torch.sparse graphs: PyG's own
+    return _memoized(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
+
+
+_routed = [0]
+
+
+def route() -> None:
+    r"""Puts the memo in PyG's ``gcn_norm`` calls (reference counted; the kernels do it for
+    every layer they accelerate that normalizes, and :func:`unroute` when they revert it)."""
+    _routed[0] += 1
+    if _routed[0] == 1:
+        compat.route_gcn_norm(_handler, priority=10)  # behind the engine's (priority 0)
+
+
+def unroute() -> None:
+    r"""Undoes one :func:`route`."""
+    if _routed[0] == 0:
+        return
+    _routed[0] -= 1
+    if _routed[0] == 0:
+        compat.unroute_gcn_norm(_handler)
+
+
 def normalize(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
               improved: bool, add_self_loops: bool, flow: str,
               dtype: Optional[torch.dtype]) -> Tuple[Tensor, Optional[Tensor]]:
     r"""What ``gcn_norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow,
-    dtype)`` returns, from the memo when these inputs were normalized before (see the module
-    docstring for when it recomputes)."""
+    dtype)`` returns: through ``GCNConv``'s ``gcn_norm`` as it is bound now, inside
+    :func:`memo_scope` (so from the memo while it is routed and applies; the distributed
+    engine's normalization inside a partitioned layer; a user's replacement as it is)."""
     from torch_geometric.nn.conv import gcn_conv
-    norm = _pyg_gcn_norm()
-    keep = (norm is not None and not torch.is_inference_mode_enabled()
+    with memo_scope():
+        return gcn_conv.gcn_norm(edge_index, edge_weight, num_nodes, improved, add_self_loops,
+                                 flow, dtype)
+
+
+def _memoized(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
+              improved: bool, add_self_loops: bool, flow: str,
+              dtype: Optional[torch.dtype]) -> Tuple[Tensor, Optional[Tensor]]:
+    norm = compat.pyg_gcn_norm()
+    keep = (not torch.is_inference_mode_enabled()
             and not edge_index.is_inference()  # no version counter to check
             and (edge_weight is None or not (edge_weight.requires_grad
                                              or edge_weight.is_inference())))
     if not keep:
-        return gcn_conv.gcn_norm(edge_index, edge_weight, num_nodes, improved, add_self_loops,
-                                 flow, dtype)
+        return norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
     key = (id(edge_index), None if edge_weight is None else id(edge_weight), int(num_nodes),
            bool(improved), bool(add_self_loops), flow, dtype)
     versions = (edge_index._version, None if edge_weight is None else edge_weight._version)
@@ -181,6 +253,20 @@ def kernel_forward(layer: Any, original: Callable) -> Callable:
         x = layer.lin(x)
         out = layer.propagate(edge_index, x=x, edge_weight=edge_weight)
         return _add_bias(layer, out)
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def scoped_forward(layer: Any, original: Callable) -> Callable:
+    r"""A ``forward`` for :obj:`layer` (:func:`normalizes`): PyG's :obj:`original` with its
+    ``gcn_norm`` calls inside :func:`memo_scope`."""
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return original(*args, **kwargs)
+        with memo_scope():
+            return original(*args, **kwargs)
 
     forward.__wrapped__ = original
     return forward

@@ -296,7 +296,7 @@ def _original_without_pre_hooks(mod, original, edge_index, size, kwargs):
 _MISSING = object()
 
 
-def _install(module, pinned: Optional[str], follow_default: Optional[str]) -> Optional[Tuple[Any, Callable]]:
+def _install(module, pinned: Optional[str], follow_default: Optional[str]) -> Optional[Tuple[Any, ...]]:
     """Install the wrapper on ``module``; returns the restore token or ``None`` if skipped."""
     if getattr(module.__dict__.get("propagate"), _WRAPPER_FLAG, False):
         return None  # already wrapped (by accelerate() or use())
@@ -311,13 +311,21 @@ def _install(module, pinned: Optional[str], follow_default: Optional[str]) -> Op
             fused = sage.fused_forward(module, module.forward, (_global_pre_hook, ))
         elif gcn.applies(module):  # GCNConv's normalization memoized, its bias in place
             fused = gcn.kernel_forward(module, module.forward)
+        elif gcn.normalizes(module):  # APPNP, TAGConv, ...: their gcn_norm calls memoized
+            fused = gcn.scoped_forward(module, module.forward)
+    routed = False
     if fused is not None:
         module.__dict__["forward"] = fused
-    return saved, wrapper, fused
+        routed = gcn.applies(module) or gcn.normalizes(module)
+        if routed:
+            gcn.route()  # the memo in PyG's gcn_norm calls while this layer is accelerated
+    return saved, wrapper, fused, routed
 
 
 def _uninstall(module, token) -> None:
-    saved, wrapper, fused = token
+    saved, wrapper, fused, routed = token
+    if routed:
+        gcn.unroute()
     if fused is not None and module.__dict__.get("forward") is fused:
         del module.__dict__["forward"]
     if module.__dict__.get("propagate") is not wrapper:

@@ -28,3 +28,18 @@ def test_tiny_run():
         assert all(p["self_total_s"] > 0 and p["top"] for p in row["profile"].values())
     assert "| 2-layer GCN step (hidden 16) | 600 / 5,000 |" in table
     assert "# profile model pyg_forward: self CPU" in table
+
+
+def test_tiny_run_of_the_other_normalizing_layers():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cases", "appnp", "tag", "sg", "gcn2",
+                           "--layer-nodes", "500", "--layer-edges", "4000", "--features", "16",
+                           "--rounds", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head, _, table = proc.stdout.rpartition("]\n")
+    rows = json.loads(head + "]")
+    assert [r["case"] for r in rows] == ["appnp", "tag", "sg", "gcn2"]
+    for row in rows:
+        assert row["max_abs_diff"] == 0.0  # PyG's forward with the memo: bit-identical
+        assert row["memo_bytes"] > 0
+    assert "| APPNP(K=10) fwd+bwd | 500 / 4,000 |" in table

@@ -5,6 +5,7 @@ from torch_geometric.nn import GCNConv, GraphNorm, LayerNorm
 from torch_geometric.data import Data
 from torch_geometric.nn.conv import gcn_conv, sg_conv
 
+from lightning_fullgraph import compat
 from lightning_fullgraph.engine import norm as engine_norm
 from lightning_fullgraph.engine import (DistributedBatchNorm, HaloExchange, UnsupportedLayerError,
                                         check_model, partition_model)
@@ -49,12 +50,14 @@ def test_revert_restores_the_model():
     keys = list(model.state_dict())
     handle = partition_model(model, _exchange(10))
     assert isinstance(model.bn, DistributedBatchNorm)
-    assert sg_conv.gcn_norm is engine_norm._dispatch_gcn_norm  # routed through the dispatcher
+    assert sg_conv.gcn_norm is compat.gcn_norm_router()  # routed through the dispatcher
+    assert any(h is engine_norm._dispatch_gcn_norm for *_, h in compat._gcn_norm_handlers)
     assert list(model.state_dict()) == keys  # checkpoints see the same model
     handle.revert()
     assert type(model.bn) is torch.nn.BatchNorm1d
     assert sg_conv.gcn_norm is engine_norm._pyg_gcn_norm
     assert gcn_conv.gcn_norm is engine_norm._pyg_gcn_norm
+    assert not compat._gcn_norm_handlers
     assert not model.conv1._propagate_forward_pre_hooks
     assert not model.conv1._forward_pre_hooks
     assert list(model.state_dict()) == keys

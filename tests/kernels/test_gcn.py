@@ -245,3 +245,121 @@ def test_autocast_keeps_pygs_promotion():
             got = conv(x, ei)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+# ------------------------------------------------- the other layers that normalize: the memo
+def _normalizing_layers():
+    from torch_geometric import nn as gnn
+    return {
+        "SGConv": lambda: gnn.SGConv(16, 8, K=2),
+        "APPNP": lambda: gnn.APPNP(K=3, alpha=0.1),
+        "TAGConv": lambda: gnn.TAGConv(16, 8, K=2),
+        "GCN2Conv": lambda: gnn.GCN2Conv(16, alpha=0.1, theta=0.5, layer=1),
+    }
+
+
+def _call(layer, x, ei, w):
+    from torch_geometric.nn import GCN2Conv
+    if isinstance(layer, GCN2Conv):
+        return layer(x, x, ei, w)
+    return layer(x, ei, w)
+
+
+def _run_any(layer, x, ei, w=None):
+    x = x.detach().requires_grad_()
+    out = _call(layer, x, ei, w)
+    grads = torch.autograd.grad(out.square().sum(), [x] + list(layer.parameters()))
+    return out.detach(), grads
+
+
+def _count_pyg_calls(monkeypatch):
+    from lightning_fullgraph import compat
+    calls = []
+    original = compat.pyg_gcn_norm()
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compat, "_gcn_norm_original", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["SGConv", "APPNP", "TAGConv", "GCN2Conv"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_normalizing_layers_read_the_memo_bit_for_bit(name, weighted, monkeypatch):
+    torch.manual_seed(0)
+    layer = _normalizing_layers()[name]()
+    assert gcn.normalizes(layer) and not gcn.applies(layer)
+    x, ei, w = _graph()
+    w = w if weighted else None
+    with K.accelerate(layer, backend="auto"):
+        assert "forward" in layer.__dict__
+        forward = layer.__dict__.pop("forward")  # PyG's forward on the same kernels
+        want = _run_any(layer, x, ei, w)
+        layer.__dict__["forward"] = forward
+        calls = _count_pyg_calls(monkeypatch)
+        for _ in range(3):
+            got = _run_any(layer, x, ei, w)
+            assert torch.equal(got[0], want[0])
+            assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+    assert len(calls) == 1  # normalized once, read twice
+    assert gcn.memo_info()["hits"] == 2
+    assert "forward" not in layer.__dict__
+
+
+def test_the_memo_is_routed_while_a_layer_is_accelerated_and_only_inside_it(monkeypatch):
+    from torch_geometric.nn import APPNP
+    from torch_geometric.nn.conv import appnp
+    from lightning_fullgraph import compat
+    torch.manual_seed(0)
+    fast, plain = APPNP(K=2, alpha=0.1), APPNP(K=2, alpha=0.1)
+    x, ei, _ = _graph()
+    pyg = compat.pyg_gcn_norm()
+    with K.accelerate(fast, backend="auto"):
+        assert appnp.gcn_norm is compat.gcn_norm_router()
+        assert gcn_conv.gcn_norm is compat.gcn_norm_router()
+        calls = _count_pyg_calls(monkeypatch)
+        for _ in range(2):
+            plain(x, ei)  # not accelerated: PyG's gcn_norm every time
+        assert len(calls) == 2 and gcn.memo_info()["graphs"] == 0
+        for _ in range(2):
+            fast(x, ei)
+        assert len(calls) == 3 and gcn.memo_info()["hits"] == 1
+    assert appnp.gcn_norm is pyg and gcn_conv.gcn_norm is pyg  # reverted
+    assert not compat._gcn_norm_handlers
+
+
+def test_the_engine_handler_goes_first_whatever_the_order_of_routing():
+    # The engine answers inside a partitioned layer (halo degrees) even when the kernels
+    # routed their memo before it; outside one it passes the call on.
+    from lightning_fullgraph import compat
+    from lightning_fullgraph.engine import norm as engine_norm
+    from torch_geometric.nn import APPNP
+    layer = APPNP(K=1, alpha=0.1)
+    with K.accelerate(layer, backend="auto"):
+        engine_norm.patch_gcn_norm()
+        try:
+            handlers = [h for *_, h in compat._gcn_norm_handlers]
+            assert handlers[0] is engine_norm._dispatch_gcn_norm and handlers[1] is gcn._handler
+            x, ei, _ = _graph()
+            layer(x, ei)
+            layer(x, ei)
+            assert gcn.memo_info()["hits"] == 1  # no partitioned layer: the memo answered
+        finally:
+            engine_norm.unpatch_gcn_norm()
+        assert [h for *_, h in compat._gcn_norm_handlers] == [gcn._handler]
+    assert not compat._gcn_norm_handlers
+
+
+def test_normalizing_layers_under_torch_compile():
+    from torch_geometric.nn import APPNP
+    torch.manual_seed(0)
+    layer = APPNP(K=2, alpha=0.1)
+    x, ei, w = _graph()
+    want = layer(x, ei, w)
+    with K.accelerate(layer, backend="auto"):
+        compiled = torch.compile(layer, backend="eager")
+        got = compiled(x, ei, w)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert gcn.memo_info()["graphs"] == 0  # traced as PyG's forward: nothing kept
