@@ -9,6 +9,14 @@ waiting.
 :func:`run_outcomes` instead waits for *every* rank to finish, fail or die (up to a
 deadline) and returns what happened to each, with the time it happened: fault-injection
 tests use it to check that every surviving rank raises, and when.
+
+**Start method.**  Ranks are started with ``spawn`` by default: each imports torch, PyG and
+the caller's module afresh, seconds per rank.  ``start_method="forkserver"`` (or the
+environment variable :data:`START_METHOD_ENV`; this project's test suite sets it) forks every
+rank from a server process that imported torch, ``torch.distributed`` and PyG once
+(:data:`FORKSERVER_PRELOAD`), and hands each rank the caller's environment as it is at the
+call: a clean process that skips those imports, not a copy of the caller (nothing of this
+library nor of the caller is preloaded, so settings read at import time still apply).
 """
 import os
 import queue as queue_module
@@ -22,7 +30,27 @@ from typing import Any, Callable, List, Optional
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["run_distributed", "run_outcomes", "RankOutcome", "free_port"]
+__all__ = ["run_distributed", "run_outcomes", "RankOutcome", "free_port", "START_METHOD_ENV",
+           "FORKSERVER_PRELOAD"]
+
+#: Environment variable naming the default start method of the ranks (``spawn``, the
+#: default, or ``forkserver``).
+START_METHOD_ENV = "LIGHTNING_FULLGRAPH_START_METHOD"
+#: What the fork server imports once for every rank it starts: third-party modules only,
+#: which read none of this library's settings.
+FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch_geometric")
+_START_METHODS = ("spawn", "forkserver")
+
+
+def _context(start_method: Optional[str]):
+    method = (start_method or os.environ.get(START_METHOD_ENV) or "spawn").strip().lower()
+    if method not in _START_METHODS:
+        raise ValueError(f"start method {method!r} is not one of {_START_METHODS} (argument "
+                         f"start_method or the environment variable {START_METHOD_ENV})")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
 
 
 @dataclass
@@ -53,7 +81,10 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable,
-            args: tuple, queue) -> None:
+            args: tuple, queue, environ: Optional[dict] = None) -> None:
+    if environ is not None:  # a fork server's child: the caller's environment, not the server's
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     import torch
@@ -70,8 +101,16 @@ def _worker(rank: int, world_size: int, port: int, timeout_s: float, fn: Callabl
             dist.destroy_process_group()
 
 
+def _processes(ctx, world_size: int, port: int, timeout_s: float, fn: Callable, args: tuple,
+               queue) -> list:
+    environ = dict(os.environ) if ctx.get_start_method() == "forkserver" else None
+    return [ctx.Process(target=_worker, args=(r, world_size, port, timeout_s, fn, args, queue,
+                                              environ), daemon=True)
+            for r in range(world_size)]
+
+
 def run_distributed(fn: Callable, world_size: int, *args: Any,
-                    timeout_s: float = 120.0) -> List[Any]:
+                    timeout_s: float = 120.0, start_method: Optional[str] = None) -> List[Any]:
     r"""Runs :obj:`fn` on :obj:`world_size` spawned gloo ranks.
 
     Args:
@@ -80,15 +119,16 @@ def run_distributed(fn: Callable, world_size: int, *args: Any,
         world_size (int): Number of processes.
         *args: Extra arguments (picklable).
         timeout_s (float): Collective timeout and overall deadline.
+        start_method (str, optional): ``"spawn"`` or ``"forkserver"`` (see the module
+            docstring); default: :data:`START_METHOD_ENV`, else ``"spawn"``.
 
     Returns:
         The results of ranks ``0 .. world_size - 1``.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context(start_method)
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, timeout_s, fn, args, queue),
-                         daemon=True) for r in range(world_size)]
+    procs = _processes(ctx, world_size, port, timeout_s, fn, args, queue)
     for p in procs:
         p.start()
     results, errors = {}, []
@@ -122,7 +162,8 @@ def run_distributed(fn: Callable, world_size: int, *args: Any,
 
 
 def run_outcomes(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0,
-                 deadline_s: Optional[float] = None) -> List[RankOutcome]:
+                 deadline_s: Optional[float] = None,
+                 start_method: Optional[str] = None) -> List[RankOutcome]:
     r"""Runs :obj:`fn` like :func:`run_distributed` and reports every rank's outcome.
 
     Nothing is terminated early: each rank is observed until it returns, raises or dies,
@@ -135,15 +176,15 @@ def run_outcomes(fn: Callable, world_size: int, *args: Any, timeout_s: float = 1
         timeout_s (float): Collective timeout of the process group.
         deadline_s (float, optional): When to give up on a rank (default
             ``timeout_s + 60``).
+        start_method (str, optional): As in :func:`run_distributed`.
 
     Returns:
         One :class:`RankOutcome` per rank, in rank order.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context(start_method)
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, timeout_s, fn, args, queue),
-                         daemon=True) for r in range(world_size)]
+    procs = _processes(ctx, world_size, port, timeout_s, fn, args, queue)
     start = time.monotonic()
     for p in procs:
         p.start()
