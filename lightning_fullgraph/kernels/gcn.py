@@ -20,6 +20,12 @@ only:
   Returned tensors that were modified in place since are recomputed too.  Memory: the
   looped edge list kept here is the very tensor the kernels' CSR cache keeps, so between
   steps the memo adds the weights, :math:`(E + N) \times` 4 bytes in float32.
+* **The kept edge list is in destination order.**  gcn_norm's looped edges are sorted once,
+  stably, when they are kept, so the kernels' CSR of them needs no permutation array
+  (:math:`(E + N) \times` 4 bytes) and the weights are not reordered in every call; the
+  CSR is the one built from gcn_norm's order, position for position, so the sums are the
+  same bits.  (A call the kernels leave to PyG's scatter sums in this order: equal within
+  floating-point rounding.)
 * **The bias is added in place** when the aggregation is the kernels' fresh output, whose
   autograd node keeps nothing of it (no propagate forward hook, same dtype and device as the
   bias): ``out.add_(bias)`` instead of ``out + bias``, the same values without a second
@@ -186,6 +192,22 @@ def normalize(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
                                  flow, dtype)
 
 
+def _destination_sorted(result: Tuple[Tensor, Optional[Tensor]], edge_index: Tensor,
+                        num_nodes: int, flow: str) -> Tuple[Tensor, Optional[Tensor]]:
+    # The kept edge list in destination order, stably (each row's edges in the order gcn_norm
+    # gave them, its added self-loop last): the kernels' CSR of it is the one they would build
+    # from gcn_norm's order, position for position, so the sums are bit-identical; but it
+    # needs no permutation array and no reordering of the weights in every call. A returned
+    # input stays as it is (sorting it would keep a second copy).
+    from .csr import _is_sorted, _stable_argsort
+    ei, weight = result
+    if (ei is edge_index or flow != "source_to_target" or not isinstance(weight, Tensor)
+            or weight.dim() != 1 or weight.numel() != ei.size(1) or _is_sorted(ei[1])):
+        return result
+    order = _stable_argsort(ei[1], int(num_nodes))
+    return ei.index_select(1, order), weight.index_select(0, order)
+
+
 def _memoized(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
               improved: bool, add_self_loops: bool, flow: str,
               dtype: Optional[torch.dtype]) -> Tuple[Tensor, Optional[Tensor]]:
@@ -206,7 +228,9 @@ def _memoized(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
         _counts["hits"] += 1
         return entry.resolve(given)
     _counts["misses"] += 1
-    result = norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
+    result = _destination_sorted(
+        norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype),
+        edge_index, num_nodes, flow)
     refs = (weakref.ref(edge_index, _drop(key)),
             None if edge_weight is None else weakref.ref(edge_weight, _drop(key)))
     _memo[key] = _Entry(refs, versions, tuple(result))

@@ -363,3 +363,18 @@ def test_normalizing_layers_under_torch_compile():
         got = compiled(x, ei, w)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert gcn.memo_info()["graphs"] == 0  # traced as PyG's forward: nothing kept
+
+
+def test_the_kept_edge_list_is_destination_sorted_and_its_csr_needs_no_permutation():
+    from lightning_fullgraph.kernels.csr import get_csr
+    torch.manual_seed(0)
+    conv = GCNConv(16, 8)
+    x, ei, w = _graph()
+    with _accelerated(conv):
+        want = _run_pyg(conv, x, ei, w)  # gcn_norm's own order: a permuted CSR
+        _same(_run(conv, x, ei, w), want)
+        kept = gcn.normalize(ei, w, x.size(0), False, True, "source_to_target", x.dtype)
+    looped, _ = gcn_conv.gcn_norm(ei, w, x.size(0))
+    assert kept[0].size(1) == looped.size(1) and bool((kept[0][1].diff() >= 0).all())
+    assert get_csr(kept[0], x.size(0), x.size(0)).perm is None
+    assert get_csr(looped, x.size(0), x.size(0)).perm is not None
