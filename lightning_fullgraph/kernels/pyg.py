@@ -296,7 +296,8 @@ def _original_without_pre_hooks(mod, original, edge_index, size, kwargs):
 _MISSING = object()
 
 
-def _install(module, pinned: Optional[str], follow_default: Optional[str]) -> Optional[Tuple[Any, ...]]:
+def _install(module, pinned: Optional[str],
+             follow_default: Optional[str]) -> Optional[Tuple[Any, ...]]:
     """Install the wrapper on ``module``; returns the restore token or ``None`` if skipped."""
     if getattr(module.__dict__.get("propagate"), _WRAPPER_FLAG, False):
         return None  # already wrapped (by accelerate() or use())
