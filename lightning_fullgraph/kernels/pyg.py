@@ -304,22 +304,20 @@ def _install(module, pinned: Optional[str],
     saved = module.__dict__.get("propagate", _MISSING)
     wrapper = _make_wrapper(module, module.propagate, pinned, follow_default)
     module.__dict__["propagate"] = wrapper
-    fused = None
+    fused, routed = None, False
     # The layer's dense side with the kernels (see .sage, .gcn); not over another instance
     # forward (the distributed engine's, a user's).
     if "forward" not in module.__dict__:
         if sage.fusable(module):  # SAGEConv's root term accumulated into lin_l's product
             fused = sage.fused_forward(module, module.forward, (_global_pre_hook, ))
         elif gcn.applies(module):  # GCNConv's normalization memoized, its bias in place
-            fused = gcn.kernel_forward(module, module.forward)
+            fused, routed = gcn.kernel_forward(module, module.forward), True
         elif gcn.normalizes(module):  # APPNP, TAGConv, ...: their gcn_norm calls memoized
-            fused = gcn.scoped_forward(module, module.forward)
-    routed = False
+            fused, routed = gcn.scoped_forward(module, module.forward), True
     if fused is not None:
         module.__dict__["forward"] = fused
-        routed = gcn.applies(module) or gcn.normalizes(module)
-        if routed:
-            gcn.route()  # the memo in PyG's gcn_norm calls while this layer is accelerated
+    if routed:
+        gcn.route()  # the memo in PyG's gcn_norm calls while this layer is accelerated
     return saved, wrapper, fused, routed
 
 
