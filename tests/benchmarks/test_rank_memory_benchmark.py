@@ -1,0 +1,31 @@
+"""Smoke test of ``benchmarks/rank_memory.py`` on a tiny 2-part partition: phases, mappings and
+held tensors are reported for the measuring rank."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from lightning_fullgraph.data.synthetic import synthetic_graph
+from lightning_fullgraph.partition import partition_graph
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "rank_memory.py"
+
+
+def test_tiny_run(tmp_path):
+    data = synthetic_graph(400, avg_degree=6.0, num_features=8, num_classes=4, seed=0)
+    pdir = partition_graph(data, 2, root=tmp_path, seed=0, progress=False)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--partition-dir", str(pdir),
+                           "--rank", "1", "--epochs", "2", "--num-classes", "4"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head, _, table = proc.stdout.rpartition("}\n")
+    result = json.loads(head + "}")
+    assert result["rank"] == 1 and result["parts"] == 2
+    assert {"fwd conv1", "bwd conv2", "val conv1", "between epochs"} <= set(
+        result["phase_peaks_mib"])
+    assert [p["point"] for p in result["points"]] == [
+        "before loading", "engine built", "after epoch 0", "after epoch 1"]
+    assert all(p["rss_mib"] > 0 and p["files"] > 0 for p in result["points"])
+    assert result["points"][-1]["partition"] > 0  # the partition file, mapped
+    assert "rank 1 of 2: peak VmRSS (MiB) by phase" in table
