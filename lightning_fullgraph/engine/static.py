@@ -42,6 +42,12 @@ dropout does not decide for training steps with it.
 
 The results are the same tensors the uncached computation returns, bit for bit.
 ``FullGraphEngine(cache_static=False)`` turns the cache off.
+
+Once an aggregation is kept, its inputs' pages are given back to the kernel where they are a
+private file mapping (:func:`~.file_pages.release_file_pages`): a partition loaded with
+``torch.load(mmap=True)`` keeps its features resident after the first read, though the kept
+aggregation means no later step reads them. Their values do not change; a later read (e.g. a
+root term ``lin_r(x)``) maps them again from the file.
 """
 import itertools
 import weakref
@@ -52,6 +58,7 @@ import torch
 from torch import Tensor
 
 from .agreement import Agreement, all_agree_each
+from .file_pages import release_file_pages
 
 __all__ = ["StaticCache", "GIVE_UP"]
 
@@ -143,13 +150,17 @@ class StaticCache:
         group (ProcessGroup, optional): Group of the agreement all-reduces.
         enabled (bool): Off: every call recomputes and exchanges.
         timeout (float or timedelta, optional): The group's timeout, named in errors.
+        release_inputs (bool): Give back the file pages of a kept aggregation's inputs
+            (see the module docstring; :attr:`released_bytes` counts them).
     """
 
     def __init__(self, group: Optional[Any] = None, enabled: bool = True,
-                 timeout: Optional[Any] = None) -> None:
+                 timeout: Optional[Any] = None, release_inputs: bool = True) -> None:
         self.group = group
         self.enabled = bool(enabled)
         self.timeout = timeout
+        self.release_inputs = bool(release_inputs)
+        self.released_bytes = 0
         self._eligible = Agreement(group, "static-input cache", timeout)
         self._norm_points = Agreement(group, "static normalization", timeout)
         self._streaks: Dict[str, int] = {}
@@ -278,6 +289,9 @@ class StaticCache:
                          for v in leaves),
             signatures=tuple(_signature(v) if isinstance(v, Tensor) else None for v in leaves),
             output=output, output_version=output._version, token=token)
+        if self.release_inputs:
+            self.released_bytes += sum(release_file_pages(v) for v in leaves
+                                       if isinstance(v, Tensor))
 
     @staticmethod
     def _same(entry: _Entry, inputs: Tuple[Any, ...]) -> bool:

@@ -13,6 +13,18 @@ def test_epochs_come_in_pairs_and_the_second_of_each_counts(load_benchmark):
     assert ab["epochs_off"] == [2.0, 6.0] and ab["epochs_on"] == [4.0, 8.0]
     assert ab["off_s"] == 4.0 and ab["on_s"] == 6.0 and ab["speedup"] == pytest.approx(4 / 6)
     assert fg.block_cache_ab([1.0], [{"loss": 0.0}]) is None  # not an A/B run
+    assert "cpu_off_s" not in ab  # no CPU times given
+
+
+def test_cpu_and_system_seconds_per_mode(load_benchmark):
+    fg = load_benchmark("fullgraph")
+    timed = [{"block_cache": fg.block_cache_setting(i), "block_cache_steady": i % 2 == 1}
+             for i in range(8)]
+    cpu = [10.0, 2.0, 10.0, 1.0, 10.0, 4.0, 10.0, 3.0]
+    system = [5.0, 0.5, 5.0, 0.1, 5.0, 1.5, 5.0, 0.3]
+    ab = fg.block_cache_ab([1.0] * 8, timed, cpu, system)
+    assert ab["cpu_off_s"] == 3.0 and ab["cpu_on_s"] == 2.0  # epochs 1, 5 off; 3, 7 on
+    assert ab["sys_off_s"] == 1.0 and ab["sys_on_s"] == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("argv,message", [
