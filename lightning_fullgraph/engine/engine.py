@@ -120,6 +120,7 @@ class FullGraphEngine:
                                   partition.owned_ids)
         self.router = AggregationRouter(partition, self.exchanges, aggregation, group, timeout)
         self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
+        self.static.mark_loaded(*partition.node_attrs.values())
         self.loss_mask = loss_mask
         self._model: Optional[PartitionedModel] = None
         self._data: Optional[Data] = None

@@ -17,21 +17,29 @@ step's peak. :func:`release_file_pages` asks the kernel to reclaim them
 
 So the call is safe for any tensor; at worst a later read costs the page faults of reading the
 file again.
+
+The static cache gives an input back as early as it can: while it computes a result it will
+keep (:func:`releasing`), the halo exchange gives back the owned rows it was handed as soon as
+it has copied them into its ``[owned; halo]`` buffer (:func:`release_consumed`), so the
+features and that buffer are not resident together at the first step's peak.
 """
+import contextlib
 import ctypes
 import os
 import sys
-from typing import Optional
+import threading
+from typing import Iterator, Optional, Set
 
 import torch
 from torch import Tensor
 
-__all__ = ["release_file_pages", "MADV_PAGEOUT"]
+__all__ = ["release_file_pages", "releasing", "release_consumed", "Released", "MADV_PAGEOUT"]
 
 #: ``madvise`` advice "reclaim these pages" (``<linux/mman.h>``).
 MADV_PAGEOUT = 21
 
 _state = {"libc": None, "broken": False}
+_scope = threading.local()  # the records of the enclosing releasing() scopes
 
 
 def _madvise():
@@ -104,3 +112,43 @@ def release_file_pages(tensor: Tensor) -> int:
             _state["broken"] = True
         return 0
     return hi - lo
+
+
+class Released:
+    r"""What a :func:`releasing` scope gave back: :attr:`bytes`, and the start addresses of
+    the tensors (:attr:`addresses`)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.addresses: Set[int] = set()
+
+
+@contextlib.contextmanager
+def releasing(enabled: bool = True) -> Iterator[Released]:
+    r"""A scope in which :func:`release_consumed` gives tensors back (this thread only).
+
+    Yields:
+        :class:`Released`, filled as the scope runs.
+    """
+    stack = getattr(_scope, "stack", None)
+    if stack is None:
+        stack = _scope.stack = []
+    record = Released()
+    stack.append(record if enabled else None)
+    try:
+        yield record
+    finally:
+        stack.pop()
+
+
+def release_consumed(tensor: Tensor) -> int:
+    r""":func:`release_file_pages` of a tensor whose values the caller has just copied, inside
+    a :func:`releasing` scope; nothing outside one."""
+    stack = getattr(_scope, "stack", None)
+    if not stack or stack[-1] is None:
+        return 0
+    released = release_file_pages(tensor)
+    if released:
+        stack[-1].bytes += released
+        stack[-1].addresses.add(tensor.data_ptr())
+    return released

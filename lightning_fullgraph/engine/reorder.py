@@ -10,9 +10,10 @@ later step.  The result equals the layer's own within floating-point reassociati
 
 Which order runs changes the width of the exchanged rows, so it is agreed by all ranks: the
 point's eligibility once (an input without gradient), then on every eligible call whether every
-rank sees the same input as last time.  Input dropout makes a new tensor every step: the layer
-then runs in its own order (aggregating :math:`XW` is the cheaper one then).  So it does under
-autocast, where the two orders round at different places.
+rank sees the same input as last time -- or, from the first call, the features the rank loaded
+(:meth:`.StaticCache.mark_loaded`, unmodified).  Input dropout makes a new tensor every step:
+the layer then runs in its own order (aggregating :math:`XW` is the cheaper one then).  So it
+does under autocast, where the two orders round at different places.
 """
 import weakref
 from typing import Any, Callable, Optional
@@ -79,9 +80,13 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
             return original(x, edge_index, edge_weight)
         seen = last[phase]
         # The other phase's input counts too (the phases share aggregations): the first
-        # validation after training steps then reuses their aggregate at once.
+        # validation after training steps then reuses their aggregate at once.  The rank's
+        # own loaded features count from the first call: they are the same every step, and
+        # aggregating them first already in step one means the step computes one aggregate
+        # of them (kept), not A(XW) and then, in the next call, AX as well.
         same = not x.requires_grad and (
-            seen.same(x) or last["eval" if phase == "train" else "train"].same(x))
+            seen.same(x) or last["eval" if phase == "train" else "train"].same(x)
+            or static.is_loaded(x))
         # Under autocast the linear map rounds its output to 16 bits: (AX)W would round
         # after aggregating and A(XW) rounds before, so the results differ by about as
         # much as mixed precision changes them.  The layer then keeps its own order (one

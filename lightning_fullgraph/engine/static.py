@@ -58,7 +58,7 @@ import torch
 from torch import Tensor
 
 from .agreement import Agreement, all_agree_each
-from .file_pages import release_file_pages
+from .file_pages import Released, release_file_pages, releasing
 
 __all__ = ["StaticCache", "GIVE_UP"]
 
@@ -161,6 +161,7 @@ class StaticCache:
         self.timeout = timeout
         self.release_inputs = bool(release_inputs)
         self.released_bytes = 0
+        self._loaded: list = []  # (weak reference, signature) of the tensors the rank loaded
         self._eligible = Agreement(group, "static-input cache", timeout)
         self._norm_points = Agreement(group, "static normalization", timeout)
         self._streaks: Dict[str, int] = {}
@@ -178,6 +179,23 @@ class StaticCache:
         self._norm_points.clear()
         self._streaks.clear()
         self._given_up.clear()
+
+    def mark_loaded(self, *tensors: Any) -> None:
+        r"""Records tensors the rank loaded and nothing computed (the partition's node
+        attributes): as long as one lives unmodified, :meth:`is_loaded` recognizes it.  Kept
+        by :meth:`clear`."""
+        for t in tensors:
+            if isinstance(t, Tensor) and t.layout == torch.strided:
+                self._loaded.append((weakref.ref(anchor(t)), _signature(t)))
+
+    def is_loaded(self, t: Any) -> bool:
+        r"""Whether :obj:`t` is, unmodified, a tensor :meth:`mark_loaded` recorded: an input
+        that is the same in every step from the first one (``GCNConv`` then aggregates it
+        first at once, :mod:`.reorder`)."""
+        if not isinstance(t, Tensor) or t.requires_grad or t.layout != torch.strided:
+            return False
+        signature = _signature(t)
+        return any(ref() is not None and signature == seen for ref, seen in self._loaded)
 
     # -- normalizations -------------------------------------------------------------------
     def normalization(self, point: str, key: tuple, local_ok: bool,
@@ -272,16 +290,22 @@ class StaticCache:
         self.misses += 1
         # Fresh exchanges only where every rank runs them: a rank whose input needs a
         # gradient this call runs the training ones (halo cache, sampling: other collectives).
-        output = (fresh or compute)() if all_static else compute()
+        if all_static:  # a result that may be kept: its inputs can go as soon as consumed
+            with releasing(self.release_inputs) as released:
+                output = (fresh or compute)()
+            self.released_bytes += released.bytes
+        else:
+            released, output = None, compute()
         if all_static and isinstance(output, Tensor) and not output.requires_grad \
                 and point not in self._given_up:
             output = _compact(output)
-            self._remember(point, leaves, output)
+            self._remember(point, leaves, output, released)
         else:
             self._aggregations.pop(point, None)
         return output
 
-    def _remember(self, point: str, leaves: Tuple[Any, ...], output: Tensor) -> None:
+    def _remember(self, point: str, leaves: Tuple[Any, ...], output: Tensor,
+                  released: Optional[Released] = None) -> None:
         token = next(_tokens)
         drop = _dropper(self, point, token)
         self._aggregations[point] = _Entry(
@@ -289,9 +313,10 @@ class StaticCache:
                          for v in leaves),
             signatures=tuple(_signature(v) if isinstance(v, Tensor) else None for v in leaves),
             output=output, output_version=output._version, token=token)
-        if self.release_inputs:
+        if self.release_inputs:  # those the exchange did not give back already
+            done = released.addresses if released is not None else ()
             self.released_bytes += sum(release_file_pages(v) for v in leaves
-                                       if isinstance(v, Tensor))
+                                       if isinstance(v, Tensor) and v.data_ptr() not in done)
 
     @staticmethod
     def _same(entry: _Entry, inputs: Tuple[Any, ...]) -> bool:
