@@ -16,28 +16,19 @@ def test_tiny_run(tmp_path):
     data = synthetic_graph(400, avg_degree=6.0, num_features=8, num_classes=4, seed=0)
     pdir = partition_graph(data, 2, root=tmp_path, seed=0, progress=False)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--partition-dir", str(pdir),
-                           "--rank", "1", "--epochs", "2", "--num-classes", "4"],
+                           "--rank", "1", "--epochs", "2", "--num-classes", "4", "--by-epoch"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     head, _, table = proc.stdout.rpartition("}\n")
     result = json.loads(head + "}")
     assert result["rank"] == 1 and result["parts"] == 2
-    assert {"fwd conv1", "bwd conv2", "val conv1", "between epochs"} <= set(
-        result["phase_peaks_mib"])
+    phases = set(result["phase_peaks_mib"])
+    assert {"e0 fwd conv1", "e1 fwd conv1", "e0 bwd conv2", "e1 val conv1",
+            "between epochs"} <= phases
+    assert "fwd conv1" not in phases  # (without --by-epoch: one name for all epochs)
     assert [p["point"] for p in result["points"]] == [
         "before loading", "engine built", "after epoch 0", "after epoch 1"]
     assert all(p["rss_mib"] > 0 and p["files"] > 0 for p in result["points"])
     assert result["points"][-1]["partition"] > 0  # the partition file, mapped
     assert "rank 1 of 2: peak VmRSS (MiB) by phase" in table
 
-
-def test_phases_by_epoch(tmp_path):
-    data = synthetic_graph(300, avg_degree=6.0, num_features=8, num_classes=4, seed=0)
-    pdir = partition_graph(data, 2, root=tmp_path, seed=0, progress=False)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--partition-dir", str(pdir),
-                           "--epochs", "2", "--num-classes", "4", "--by-epoch", "--json"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    phases = set(json.loads(proc.stdout)["phase_peaks_mib"])
-    assert {"e0 fwd conv1", "e1 fwd conv1", "e0 bwd conv2", "e1 val conv2"} <= phases
-    assert "fwd conv1" not in phases

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lightning_fullgraph.data.synthetic import synthetic_graph
 from lightning_fullgraph.partition import partition_graph
 
@@ -33,11 +35,13 @@ def test_tiny_run(tmp_path):
     assert "rank 1, one profiled step" in table
 
 
-def test_bad_options_are_refused(tmp_path):
+def test_bad_options_are_refused(tmp_path, load_benchmark, capsys):
     data = synthetic_graph(200, avg_degree=4.0, num_features=4, num_classes=2, seed=0)
     pdir = partition_graph(data, 2, root=tmp_path, seed=0, progress=False)
+    profile = load_benchmark("rank_profile")
     for extra, message in ((["--rank", "2"], "the partition has 2 parts"),
-                           (["--block-cache", "lots"], "--block-cache 'lots'")):
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--partition-dir", str(pdir),
-                               *extra], capture_output=True, text=True, timeout=120, cwd=REPO)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+                           (["--block-cache", "lots"], "--block-cache 'lots'"),
+                           (["--epochs", "0"], "--epochs must be >= 1")):
+        with pytest.raises(SystemExit) as exit_info:
+            profile.main(["--partition-dir", str(pdir), *extra])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
