@@ -25,3 +25,13 @@ def load_benchmark():
         return mod
 
     return load
+
+
+@pytest.fixture
+def tiny_partition(tmp_path):
+    """A 2-part partition of a 400-node synthetic graph (8 features, 4 classes) on disk, as
+    ``benchmarks/fullgraph.py`` writes them: the directory, for the per-rank scripts."""
+    from lightning_fullgraph.data.synthetic import synthetic_graph
+    from lightning_fullgraph.partition import partition_graph
+    data = synthetic_graph(400, avg_degree=6.0, num_features=8, num_classes=4, seed=0)
+    return partition_graph(data, 2, root=tmp_path, seed=0, progress=False)

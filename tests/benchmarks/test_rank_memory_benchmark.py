@@ -5,16 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightning_fullgraph.data.synthetic import synthetic_graph
-from lightning_fullgraph.partition import partition_graph
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "rank_memory.py"
 
 
-def test_tiny_run(tmp_path):
-    data = synthetic_graph(400, avg_degree=6.0, num_features=8, num_classes=4, seed=0)
-    pdir = partition_graph(data, 2, root=tmp_path, seed=0, progress=False)
+def test_tiny_run(tiny_partition):
+    pdir = tiny_partition
     proc = subprocess.run([sys.executable, str(SCRIPT), "--partition-dir", str(pdir),
                            "--rank", "1", "--epochs", "2", "--num-classes", "4", "--by-epoch"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)

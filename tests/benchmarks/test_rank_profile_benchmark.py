@@ -7,16 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fullgraph.data.synthetic import synthetic_graph
-from lightning_fullgraph.partition import partition_graph
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "rank_profile.py"
 
 
-def test_tiny_run(tmp_path):
-    data = synthetic_graph(400, avg_degree=6.0, num_features=8, num_classes=4, seed=0)
-    pdir = partition_graph(data, 2, root=tmp_path, seed=0, progress=False)
+def test_tiny_run(tiny_partition):
+    pdir = tiny_partition
     proc = subprocess.run([sys.executable, str(SCRIPT), "--partition-dir", str(pdir),
                            "--rank", "1", "--epochs", "2", "--warmup", "1", "--num-classes",
                            "4", "--block-cache", "64M"],
@@ -31,13 +28,13 @@ def test_tiny_run(tmp_path):
     profile = result["profile"]
     ops = [r["op"] for r in profile["ops"]]
     assert "aten::mm" in ops or "aten::addmm" in ops  # the layers' products
-    assert 0 < profile["dense_share"] < 1 and 0 < profile["library_ops_share"] < 1
+    assert 0 < profile["dense_share"] < 1 and 0 < profile["kernel_ops_share"] < 1
+    assert 0 < profile["exchange_share"] < 1  # two ranks exchange halo rows
     assert "rank 1, one profiled step" in table
 
 
-def test_bad_options_are_refused(tmp_path, load_benchmark, capsys):
-    data = synthetic_graph(200, avg_degree=4.0, num_features=4, num_classes=2, seed=0)
-    pdir = partition_graph(data, 2, root=tmp_path, seed=0, progress=False)
+def test_bad_options_are_refused(tiny_partition, load_benchmark, capsys):
+    pdir = tiny_partition
     profile = load_benchmark("rank_profile")
     for extra, message in ((["--rank", "2"], "the partition has 2 parts"),
                            (["--block-cache", "lots"], "--block-cache 'lots'"),
