@@ -10,7 +10,7 @@ from lightning_fullgraph.engine.file_pages import release_file_pages
 from lightning_fullgraph.engine.static import StaticCache
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="madvise(MADV_PAGEOUT) and mincore are Linux calls")
+                                reason="madvise(MADV_PAGEOUT) and /proc/self/pagemap are Linux's")
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
