@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The huge-page allocator's block cache (``kernels.set_block_cache``): training steps with
-freed blocks reused, or unmapped as by default.
+the pages of freed blocks reused (the default), or unmapped (limit 0).
 
 Usage::
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Where one rank's training step spends its time: operators by self CPU time, and user /
-system seconds per epoch on every rank.
+system seconds and page faults per epoch on every rank.
 
 Usage::
 
@@ -11,7 +11,9 @@ Runs the training loop of ``benchmarks/fullgraph.py`` (2-layer GCN or SAGE, hidd
 the engine with the kernels) on a partition that script wrote, one gloo process per part, one
 thread each. After ``--warmup`` steps every rank times ``--epochs`` steps (wall clock, and
 ``os.times()``'s user and system seconds: on a machine with fewer cores than ranks the work
-done, not the wall clock, says what a change saves). Then one more step runs under
+done, not the wall clock, says what a change saves; and the minor page faults).
+``--block-cache`` sets the huge-page allocator's block cache (``0``: off; default: the
+library's, on). Then one more step runs under
 ``torch.profiler`` on every rank (so the collectives match), and rank ``--rank`` reports its
 operators by self CPU time, with the shares of the dense products (``aten::mm``/``addmm``),
 of the kernels' operators (``lightning_fullgraph::*``) and of the halo exchange's autograd
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -52,7 +55,7 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
 
     torch.set_num_threads(1)
     huge_pages.enable_for_kernels(None)  # as FullGraphStrategy does, before the data
-    if cfg["block_cache"]:
+    if cfg["block_cache"] is not None:
         huge_pages.set_block_cache(cfg["block_cache"])
     part = load_partition(cfg["partition_dir"], rank, num_parts=world)
     engine = FullGraphEngine(part, **({} if cfg["aggregation"] is None
@@ -79,16 +82,19 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     epochs: List[Dict[str, float]] = []
     for _ in range(int(cfg["epochs"])):
         dist.barrier()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0, c0 = time.perf_counter(), os.times()
         step()
         t1, c1 = time.perf_counter(), os.times()
+        f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         epochs.append({"wall_s": round(t1 - t0, 4), "user_s": round(c1.user - c0.user, 3),
-                       "sys_s": round(c1.system - c0.system, 3)})
+                       "sys_s": round(c1.system - c0.system, 3), "page_faults": f1 - f0})
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
     dist.barrier()
-    out: Dict[str, Any] = {"rank": rank, "epochs": epochs}
+    out: Dict[str, Any] = {"rank": rank, "epochs": epochs,
+                           "huge_pages": huge_pages.huge_pages_info()}
     if rank == cfg["rank"]:
         rows = [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "calls": e.count}
                 for e in prof.key_averages()]
@@ -119,8 +125,9 @@ def main(argv=None) -> int:
                         help="FullGraphEngine(aggregation=...) (default: the engine's)")
     parser.add_argument("--kernels", choices=("auto", "cpp", "torch", "pyg"), default="auto",
                         help="engine.use_kernels(...), or PyG's own path")
-    parser.add_argument("--block-cache", default="0",
-                        help="kernels.set_block_cache(LIMIT) in every rank, e.g. 8G (default: off)")
+    parser.add_argument("--block-cache", default=None,
+                        help="kernels.set_block_cache(LIMIT) in every rank, e.g. 8G; 0 turns it "
+                             "off (default: the library's default, on)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=4, help="timed steps")
     parser.add_argument("--rows", type=int, default=25, help="operators listed")
@@ -134,7 +141,7 @@ def main(argv=None) -> int:
     if not 0 <= args.rank < world:
         parser.error(f"--rank {args.rank}: the partition has {world} parts")
     try:
-        block_cache = _parse_bytes(args.block_cache)
+        block_cache = None if args.block_cache is None else _parse_bytes(args.block_cache)
     except ValueError as err:
         parser.error(f"--block-cache {args.block_cache!r}: {err}")
     if args.epochs < 1 or args.warmup < 0:
@@ -145,21 +152,26 @@ def main(argv=None) -> int:
            "rows": args.rows, "num_classes": args.num_classes}
     os.environ["OMP_NUM_THREADS"] = "1"
     ranks = run_distributed(_train, world, cfg, timeout_s=1800)
-    result = {"parts": world, **cfg, "ranks": [{"rank": r["rank"], "epochs": r["epochs"]}
-                                               for r in ranks],
+    result = {"parts": world, **cfg, "ranks": [{"rank": r["rank"], "epochs": r["epochs"],
+                                                "huge_pages": r["huge_pages"]} for r in ranks],
               "profile": ranks[args.rank]["profile"]}
     n = args.epochs
     result["per_epoch_summed_over_ranks"] = [
-        {k: round(sum(r["epochs"][i][k] for r in ranks), 3) for k in ("user_s", "sys_s")}
+        {k: round(sum(r["epochs"][i][k] for r in ranks), 3)
+         for k in ("user_s", "sys_s", "page_faults")}
         | {"wall_s_slowest": max(r["epochs"][i]["wall_s"] for r in ranks)} for i in range(n)]
     print(json.dumps(result, indent=2))
     if args.json:
         return 0
-    print(f"\n{world} ranks x 1 thread; per timed step: slowest rank's wall s, user s and "
-          "system s summed over ranks")
+    print(f"\n{world} ranks x 1 thread; per timed step: slowest rank's wall s; user s, "
+          "system s and page faults summed over ranks")
     for i, e in enumerate(result["per_epoch_summed_over_ranks"]):
         print(f"  step {i}: wall {e['wall_s_slowest']:.3f}  user {e['user_s']:.3f}  "
-              f"sys {e['sys_s']:.3f}")
+              f"sys {e['sys_s']:.3f}  faults {e['page_faults']:,}")
+    hp = ranks[0]["huge_pages"]
+    print(f"block cache (rank 0): limit {hp['cache_limit']:,} B; {hp['reused']} of "
+          f"{hp['allocations']} large blocks filled from it ({hp['reused_bytes'] / 2**20:,.0f} "
+          f"MiB); {hp['cached_bytes'] / 2**20:,.0f} MiB cached after the run")
     p = result["profile"]
     print(f"\nrank {args.rank}, one profiled step: {p['self_cpu_ms']:,.0f} ms self CPU; dense "
           f"products {100 * p['dense_share']:.1f} %, the kernels' operators "

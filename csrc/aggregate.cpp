@@ -846,10 +846,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall_huge_pages", &huge_pages::uninstall, "torch's default CPU allocator back");
   m.def("huge_pages_installed", &huge_pages::installed, "whether the huge-page allocator is installed");
   m.def("huge_pages_stats", &huge_pages::stats,
-        "[large allocations, their bytes, served from the cache, live peak, live + cached peak] "
-        "so far, [cached bytes, blocks] now");
+        "[large allocations, their bytes, filled from the cache, live peak, live + cached peak] "
+        "so far, [cached bytes, ranges] now, bytes filled from the cache so far");
   m.def("huge_pages_set_cache_limit", &huge_pages::set_cache_limit,
         "keep freed large blocks for reuse, up to this many bytes");
+  m.def("_huge_pages_move_by_huge_page", &huge_pages::move_by_huge_page,
+        "tests only: move cached pages 2 MiB at a time");
   m.def("huge_pages_trim", &huge_pages::trim, "unmap cached blocks beyond this many bytes");
   m.def("counting_sort_perm", &counting_sort_perm, "stable counting-sort permutation");
   m.def("set_validation_cache_size", &vcache::set_capacity,

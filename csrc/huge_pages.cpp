@@ -50,15 +50,26 @@ std::atomic<int64_t> g_bytes{0};
 std::mutex g_mu;
 std::unordered_map<void*, size_t> g_mapped;
 
-// Freed mappings kept for reuse (see set_cache_limit), oldest first: a reused block is
-// resident already, so the tensor placed there costs no page faults.  A miss first unmaps
-// cached blocks (oldest first) worth the new block's length, so cached and live blocks
-// together never exceed the most the live ones ever took: the cache does not raise the
-// process's peak, it keeps its memory between steps instead.
-std::list<std::pair<size_t, void*>> g_free;
+// Resident pages kept for reuse (see set_cache_limit): the 2 MiB-aligned whole huge pages of
+// freed blocks, as ranges [address, address + bytes), oldest first.  A new block is mapped
+// fresh and its whole huge pages are then filled with cached ones: mremap() moves the page
+// tables, not the data, so the block starts resident and costs no page faults (on this
+// kind of machine a fresh page costs more system time than the kernel spends zeroing it).
+// Any cached range can fill any block: training's tensor lengths repeat, but not at the
+// same moments, and a cache of whole blocks of one length each missed most of the time.
+// Only an empty cache leaves fresh pages in a block's huge part, so cached and live bytes
+// together never exceed the most the live ones ever took (plus the tails below 2 MiB that
+// live blocks map fresh): the cache does not raise the process's peak, it keeps its memory
+// between steps instead.
+struct Range {
+  uintptr_t addr;
+  size_t bytes;
+};
+std::vector<Range> g_free;
 size_t g_free_bytes = 0;
 std::atomic<size_t> g_free_limit{0};
 std::atomic<int64_t> g_reused{0};
+std::atomic<int64_t> g_reused_bytes{0};
 // Bytes of our blocks live now, their peak, and the peak of live + cached (under g_mu):
 // what the cache's rule keeps equal (stats()).
 size_t g_live = 0, g_live_peak = 0, g_total_peak = 0;
@@ -68,40 +79,80 @@ void note_live(int64_t delta) {
   g_total_peak = std::max(g_total_peak, g_live + g_free_bytes);
 }
 
-// Under g_mu: the newest cached block of exactly `len` bytes, or nullptr; on a miss, the
-// cached blocks to unmap (oldest first) so that the new mapping adds nothing to the total.
-void* take_cached(size_t len, std::vector<std::pair<size_t, void*>>& evicted) {
-  for (auto it = g_free.rbegin(); it != g_free.rend(); ++it) {
-    if (it->first != len) continue;
-    void* data = it->second;
-    g_free.erase(std::next(it).base());
-    g_free_bytes -= len;
+// Replaces [dst, dst + bytes) with fresh anonymous memory advised for huge pages: what a
+// failed move leaves there (mremap may have unmapped the destination before failing).
+void map_fresh_at(uintptr_t dst, size_t bytes) {
+  void* at = reinterpret_cast<void*>(dst);
+  if (mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+      == at)
+    madvise(at, bytes, MADV_HUGEPAGE);
+}
+
+// Tests set it to take the 2 MiB-at-a-time path of move_pages() on every kernel.
+std::atomic<bool> g_move_by_huge_page{false};
+
+// Moves the pages of [src, src + bytes) to dst (both 2 MiB-aligned, bytes a multiple of
+// 2 MiB).  A range may span several mappings (a block filled from several cached ranges
+// is one mapping per piece), and before Linux 6.17 one mremap() cannot cross them, so a
+// failed whole move is retried 2 MiB at a time (every piece boundary is 2 MiB-aligned).
+// Returns the bytes moved from the start of the range; the rest of [dst, dst + bytes) is
+// fresh memory.
+size_t move_pages(uintptr_t src, uintptr_t dst, size_t bytes) {
+  auto move = [](uintptr_t from, uintptr_t to, size_t n) {
+    return mremap(reinterpret_cast<void*>(from), n, n, MREMAP_MAYMOVE | MREMAP_FIXED,
+                  reinterpret_cast<void*>(to)) != MAP_FAILED;
+  };
+  if (!g_move_by_huge_page.load(std::memory_order_relaxed) && move(src, dst, bytes))
+    return bytes;
+  map_fresh_at(dst, bytes);
+  size_t done = 0;
+  for (; done < bytes; done += kHuge) {
+    if (!move(src + done, dst + done, kHuge)) {
+      map_fresh_at(dst + done, bytes - done);
+      break;
+    }
+  }
+  return done;
+}
+
+// Under g_mu: fills [data, data + len) with cached pages, from its start, as far as the cache
+// and the block's whole huge pages go.  Best fit first (the smallest range that covers the
+// rest), else the largest range; a range is split and its remainder stays cached.  Ranges
+// that could not be moved are returned in `stuck` for unmapping.
+void fill_from_cache(uintptr_t data, size_t len, std::vector<Range>& stuck) {
+  const size_t want = len / kHuge * kHuge;
+  size_t off = 0;
+  while (off < want && !g_free.empty()) {
+    const size_t rest = want - off;
+    size_t pick = 0;
+    bool fits = false;
+    for (size_t i = 0; i < g_free.size(); ++i) {
+      const size_t b = g_free[i].bytes;
+      const bool f = b >= rest;
+      if ((f && (!fits || b < g_free[pick].bytes)) || (!f && !fits && b > g_free[pick].bytes)) {
+        pick = i;
+        fits = f;
+      }
+    }
+    Range& r = g_free[pick];
+    const size_t take = std::min(r.bytes, rest);
+    const size_t moved = move_pages(r.addr, data + off, take);
+    g_free_bytes -= take;
+    off += moved;
+    if (moved < take) stuck.push_back({r.addr + moved, take - moved});
+    r.addr += take;
+    r.bytes -= take;
+    if (r.bytes == 0) g_free.erase(g_free.begin() + static_cast<std::ptrdiff_t>(pick));
+    if (moved < take) break;  // the rest of the block stays fresh
+  }
+  if (off > 0) {
     g_reused.fetch_add(1, std::memory_order_relaxed);
-    return data;
+    g_reused_bytes.fetch_add(static_cast<int64_t>(off), std::memory_order_relaxed);
   }
-  size_t freed = 0;
-  while (freed < len && !g_free.empty()) {
-    evicted.push_back(g_free.front());
-    freed += g_free.front().first;
-    g_free_bytes -= g_free.front().first;
-    g_free.pop_front();
-  }
-  return nullptr;
 }
 
 void* map_aligned(size_t n) {
   const size_t len = (n + kPage - 1) / kPage * kPage;
-  std::vector<std::pair<size_t, void*>> evicted;
-  {
-    std::lock_guard<std::mutex> g(g_mu);
-    // The same length: training repeats its tensors' sizes every step.
-    if (void* cached = take_cached(len, evicted)) {
-      g_mapped.emplace(cached, len);
-      note_live(len);
-      return cached;
-    }
-  }
-  for (auto& [bytes, data] : evicted) munmap(data, bytes);
   void* base = mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                     -1, 0);
   if (base == MAP_FAILED) return nullptr;
@@ -113,9 +164,16 @@ void* map_aligned(size_t n) {
   if (tail) munmap(reinterpret_cast<void*>(a + len), tail);
   void* data = reinterpret_cast<void*>(a);
   madvise(data, len, MADV_HUGEPAGE);  // advice only: a refusal leaves 4 KiB pages
-  std::lock_guard<std::mutex> g(g_mu);
-  g_mapped.emplace(data, len);
-  note_live(len);
+  std::vector<Range> stuck;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    // Training repeats its tensors' sizes every step: resident pages freed by the last
+    // step make this block's pages.
+    if (!g_free.empty()) fill_from_cache(a, len, stuck);
+    g_mapped.emplace(data, len);
+    note_live(len);
+  }
+  for (const Range& r : stuck) munmap(reinterpret_cast<void*>(r.addr), r.bytes);
   return data;
 }
 
@@ -123,7 +181,7 @@ void* map_aligned(size_t n) {
 // default allocator's (raw_deallocate may hand us a small block of the fallback).
 void release(void* data) {
   size_t len = 0;
-  bool kept = false;
+  size_t kept = 0;  // bytes from the block's start kept in the cache
   {
     std::lock_guard<std::mutex> g(g_mu);
     auto it = g_mapped.find(data);
@@ -131,11 +189,15 @@ void release(void* data) {
       len = it->second;
       g_mapped.erase(it);
       note_live(-static_cast<int64_t>(len));
-      // Kept only while ours is the allocator: otherwise nothing would ever reuse it.
-      if (g_free_bytes + len <= g_free_limit.load(std::memory_order_relaxed) && installed()) {
-        g_free.emplace_back(len, data);
-        g_free_bytes += len;
-        kept = true;
+      // Its whole huge pages are kept, up to the limit, and only while ours is the
+      // allocator (nothing else would reuse them); the rest is unmapped below.
+      const size_t limit = g_free_limit.load(std::memory_order_relaxed);
+      if (limit > g_free_bytes && installed()) {
+        kept = std::min(len, limit - g_free_bytes) / kHuge * kHuge;
+        if (kept > 0) {
+          g_free.push_back({reinterpret_cast<uintptr_t>(data), kept});
+          g_free_bytes += kept;
+        }
       }
     }
   }
@@ -144,7 +206,7 @@ void release(void* data) {
     return;
   }
   c10::profiledCPUMemoryReporter().Delete(data);
-  if (!kept) munmap(data, len);
+  if (kept < len) munmap(static_cast<char*>(data) + kept, len - kept);
 }
 #endif
 
@@ -216,6 +278,12 @@ bool uninstall() {
 
 bool installed() { return c10::GetAllocator(c10::DeviceType::CPU) == &g_allocator; }
 
+void move_by_huge_page(bool on) {
+#ifdef LFG_HAVE_THP
+  g_move_by_huge_page.store(on);
+#endif
+}
+
 bool caching() {
 #ifdef LFG_HAVE_THP
   return g_free_limit.load(std::memory_order_relaxed) > 0 && installed();
@@ -233,9 +301,10 @@ std::vector<int64_t> stats() {
           static_cast<int64_t>(g_live_peak),
           static_cast<int64_t>(g_total_peak),
           static_cast<int64_t>(g_free_bytes),
-          static_cast<int64_t>(g_free.size())};
+          static_cast<int64_t>(g_free.size()),
+          g_reused_bytes.load()};
 #else
-  return {g_count.load(), g_bytes.load(), 0, 0, 0, 0, 0};
+  return {g_count.load(), g_bytes.load(), 0, 0, 0, 0, 0, 0};
 #endif
 }
 
@@ -249,17 +318,23 @@ void set_cache_limit(int64_t bytes) {
 
 void trim(int64_t keep) {
 #ifdef LFG_HAVE_THP
-  std::vector<std::pair<void*, size_t>> out;
+  std::vector<Range> out;
   {
     std::lock_guard<std::mutex> g(g_mu);
-    // Oldest first, as on a miss.
-    while (!g_free.empty() && g_free_bytes > static_cast<size_t>(std::max<int64_t>(keep, 0))) {
-      out.emplace_back(g_free.front().second, g_free.front().first);
-      g_free_bytes -= g_free.front().first;
-      g_free.pop_front();
+    // Oldest first; a range is cut (its end unmapped) rather than given back whole when
+    // that is enough.
+    const size_t target = static_cast<size_t>(std::max<int64_t>(keep, 0));
+    while (!g_free.empty() && g_free_bytes > target) {
+      Range& r = g_free.front();
+      const size_t over = (g_free_bytes - target + kHuge - 1) / kHuge * kHuge;
+      const size_t cut = std::min(r.bytes, over);
+      out.push_back({r.addr + r.bytes - cut, cut});
+      r.bytes -= cut;
+      g_free_bytes -= cut;
+      if (r.bytes == 0) g_free.erase(g_free.begin());
     }
   }
-  for (auto& [data, len] : out) munmap(data, len);
+  for (const Range& r : out) munmap(reinterpret_cast<void*>(r.addr), r.bytes);
 #endif
 }
 

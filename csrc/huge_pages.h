@@ -18,16 +18,21 @@ bool uninstall();
 
 bool installed();
 
-// [large allocations served, bytes of them, served from the cache, most bytes live at once,
-// most bytes live and cached at once] counted since the process started, then [bytes,
-// blocks] in the cache now.
+// [large allocations served, bytes of them, of them filled (in part) from the cache, most
+// bytes live at once, most bytes live and cached at once] counted since the process started,
+// then [bytes, ranges] in the cache now, then the bytes filled from the cache so far.
 std::vector<int64_t> stats();
 
-// Freed large blocks are kept for reuse up to `bytes` in all (0, the default: every block is
-// unmapped when freed); lowering the limit unmaps what exceeds it.
+// The whole huge pages of freed large blocks are kept, resident, up to `bytes` in all, and
+// fill the next large blocks (0, the default: every block is unmapped when freed); lowering
+// the limit unmaps what exceeds it.
 void set_cache_limit(int64_t bytes);
 
-// Unmaps cached blocks until at most `keep` bytes stay cached.
+// Tests only: whether the cache moves pages 2 MiB at a time, the path a move crossing
+// mappings takes on kernels before Linux 6.17.
+void move_by_huge_page(bool on);
+
+// Unmaps cached pages (oldest first) until at most `keep` bytes stay cached.
 void trim(int64_t keep);
 
 // Whether freed blocks are kept (a limit above 0) and the allocator is installed: then the

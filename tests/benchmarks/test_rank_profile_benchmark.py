@@ -1,5 +1,6 @@
 """Smoke test of ``benchmarks/rank_profile.py`` on a tiny 2-part partition: per-step user and
-system seconds of every rank, and the measuring rank's operators by self CPU time."""
+system seconds and page faults of every rank, its block cache, and the measuring rank's
+operators by self CPU time."""
 import json
 import subprocess
 import sys
@@ -23,8 +24,10 @@ def test_tiny_run(tiny_partition):
     result = json.loads(head + "}")
     assert result["parts"] == 2 and result["block_cache"] == 64 << 20
     assert [len(r["epochs"]) for r in result["ranks"]] == [2, 2]
-    assert all(set(e) == {"wall_s", "user_s", "sys_s"} for r in result["ranks"]
+    assert all(set(e) == {"wall_s", "user_s", "sys_s", "page_faults"} for r in result["ranks"]
                for e in r["epochs"])
+    assert all(r["huge_pages"]["cache_limit"] == 64 << 20 for r in result["ranks"])
+    assert "block cache (rank 0): limit 67,108,864 B" in table
     profile = result["profile"]
     ops = [r["op"] for r in profile["ops"]]
     assert "aten::mm" in ops or "aten::addmm" in ops  # the layers' products

@@ -52,13 +52,15 @@ def _thp_or_skip():
 
 @pytest.fixture
 def restore_mode():
-    """Each test leaves the mode (and whether the allocator is installed) as it found it."""
-    mode, active = HP.get_huge_pages(), HP.is_active()
+    """Each test leaves the mode (and whether the allocator is installed) and the block
+    cache's limit as it found them."""
+    mode, active, cache = HP.get_huge_pages(), HP.is_active(), HP.get_block_cache()
     yield
     HP.set_huge_pages("off")
     HP._state["mode"] = mode
     if active:
         HP._install(explicit=True)
+    HP.set_block_cache(cache)
 
 
 def test_thp_mode_reads_the_bracketed_setting(tmp_path):
@@ -122,6 +124,7 @@ def test_a_tensor_outlives_the_allocator_and_nothing_leaks(restore_mode):
     del kept, other  # freed by the deleter of the allocator that made them
 
     K.set_huge_pages("on")
+    K.set_block_cache(0)  # what the cache would keep is tested below
 
     def rss_kib():
         with open("/proc/self/status") as fh:
@@ -141,6 +144,7 @@ def test_a_freed_block_goes_back_to_the_kernel_at_once(restore_mode):
     cpp_or_skip()
     _thp_or_skip()
     K.set_huge_pages("on")
+    K.set_block_cache(0)  # without the cache (which keeps it on purpose)
     raised = bytearray(24 << 20)  # a 24 MiB malloc, then its free: threshold now 24 MiB
     del raised
     t = torch.empty((4 << 20) // 4)
@@ -243,29 +247,90 @@ def block_cache(restore_mode):
     K.set_block_cache(0)
 
 
-def test_block_cache_reuses_a_freed_block_of_the_same_length(block_cache):
+def _minor_faults() -> int:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def test_block_cache_fills_a_new_block_with_a_freed_blocks_pages(block_cache):
     K.set_block_cache("64M")
     info = K.huge_pages_info()
     t = torch.full((BIG // 4,), 3.0)
     ptr = t.data_ptr()
     del t
     assert K.huge_pages_info()["cached_bytes"] == BIG and _mapping_of(ptr)  # kept mapped
+    start = _minor_faults()
     u = torch.empty(BIG // 4)
-    assert u.data_ptr() == ptr and K.huge_pages_info()["reused"] == info["reused"] + 1
     u.fill_(2.0)
-    assert bool((u == 2.0).all())  # a reused block is just memory: values are the writer's
-    other = torch.ones(BIG // 8)  # another length: a new mapping
-    assert other.data_ptr() != ptr and K.huge_pages_info()["cached_bytes"] == 0
+    # Its pages were moved, not faulted in afresh (a fresh block: one fault per 2 MiB or more).
+    assert _minor_faults() - start < BIG // HUGE // 2
+    now = K.huge_pages_info()
+    assert now["reused"] == info["reused"] + 1
+    assert now["reused_bytes"] == info["reused_bytes"] + BIG and now["cached_bytes"] == 0
+    assert not _mapping_of(ptr)  # the pages left their old place
+    assert u.data_ptr() % HUGE == 0 and "hg" in _mapping_of(u.data_ptr())["flags"]
+    assert bool((u == 2.0).all())  # a filled block is just memory: values are the writer's
+
+
+def test_block_cache_fills_blocks_of_any_length(block_cache):
+    K.set_block_cache("1G")
+    t = torch.ones(BIG // 4)
+    del t
+    before = K.huge_pages_info()
+    small = torch.ones(BIG // 16)  # a quarter of the freed pages
+    after = K.huge_pages_info()
+    assert after["reused_bytes"] == before["reused_bytes"] + BIG // 4
+    assert after["cached_bytes"] == BIG - BIG // 4  # the rest stays cached
+    odd = torch.ones(BIG // 16 + 1000)  # whole huge pages from the cache, the tail fresh
+    assert K.huge_pages_info()["reused_bytes"] == after["reused_bytes"] + BIG // 4
+    assert float(odd.sum()) == BIG // 16 + 1000 and float(small.sum()) == BIG // 16
+    held = K.huge_pages_info()["cached_bytes"]
+    del odd  # its whole huge pages are cached again, its tail below 2 MiB is unmapped
+    assert K.huge_pages_info()["cached_bytes"] == held + BIG // 4
+
+
+@pytest.mark.parametrize("by_huge_page", [False, True], ids=["whole", "by-huge-page"])
+def test_block_cache_fills_a_block_from_several_freed_ones_and_moves_it_again(block_cache,
+                                                                              by_huge_page):
+    # A block filled from three cached ranges spans three mappings.  Before Linux 6.17 one
+    # mremap() cannot move it whole, so the next fill moves it 2 MiB at a time ("by-huge-page"
+    # forces that path on every kernel).  Nothing may be left unmapped.
+    from lightning_fullgraph.kernels import cpp
+    ext = cpp.load()
+    K.set_block_cache("1G")
+    ext._huge_pages_move_by_huge_page(by_huge_page)
+    try:
+        parts = [torch.full((BIG // 16,), float(i)) for i in range(3)]  # 3 x 16 MiB
+        del parts
+        whole = torch.empty(3 * BIG // 16)
+        assert K.huge_pages_info()["cached_bytes"] == 0
+        assert sorted(whole.view(3, -1)[:, 0].tolist()) == [0.0, 1.0, 2.0]  # pages moved
+        whole.fill_(5.0)
+        del whole
+        before = K.huge_pages_info()
+        start = _minor_faults()
+        again = torch.empty(3 * BIG // 16)
+        again.fill_(7.0)
+        nbytes = again.numel() * 4  # 48 MiB
+        assert _minor_faults() - start < nbytes // HUGE // 2
+        assert K.huge_pages_info()["reused_bytes"] == before["reused_bytes"] + nbytes
+        assert float(again.sum()) == 7.0 * again.numel()
+    finally:
+        ext._huge_pages_move_by_huge_page(False)
 
 
 def test_block_cache_limit_and_trim(block_cache):
-    K.set_block_cache(BIG + HUGE)  # room for one block
+    K.set_block_cache(BIG + HUGE)  # room for one block and one huge page
     a, b = torch.ones(BIG // 4), torch.ones(BIG // 4)
     ptr_b = b.data_ptr()
-    del a, b  # the second does not fit: unmapped at once
-    assert K.huge_pages_info()["cached_blocks"] == 1 and not _mapping_of(ptr_b)
-    K.clear_cache()  # the kernels' clear_cache gives the cached blocks back too
-    assert K.huge_pages_info()["cached_bytes"] == 0
+    del a, b  # the first is kept, the second up to the limit: the rest is unmapped at once
+    info = K.huge_pages_info()
+    assert info["cached_bytes"] == BIG + HUGE and info["cached_blocks"] == 2
+    assert _mapping_of(ptr_b) and not _mapping_of(ptr_b + HUGE)
+    K.set_block_cache(BIG // 2)  # lowered: what exceeds it is unmapped, oldest first
+    assert K.huge_pages_info()["cached_bytes"] <= BIG // 2
+    K.clear_cache()  # the kernels' clear_cache gives the cached pages back too
+    assert K.huge_pages_info()["cached_bytes"] == 0 and not _mapping_of(ptr_b)
     K.set_block_cache("64M")
     c = torch.ones(BIG // 4)
     ptr_c = c.data_ptr()
@@ -275,18 +340,19 @@ def test_block_cache_limit_and_trim(block_cache):
 
 
 def test_block_cache_never_holds_more_than_the_live_peak(block_cache):
-    # A miss unmaps cached blocks (oldest first) worth the new block before mapping it.
+    # Fresh pages go into a block only when the cache is empty, so live + cached never
+    # exceeds the live peak (all lengths here are whole huge pages: no fresh tails).
     from lightning_fullgraph.kernels import cpp
     K.set_block_cache("1G")
     before = K.huge_pages_info()["reused"]
     for sizes in ([BIG, BIG // 2, BIG], [BIG // 4, 3 * BIG // 2], [BIG // 4],
-                  [BIG, BIG // 2, BIG]):
+                  [BIG, BIG // 2, BIG], [2 * BIG, BIG // 4]):
         held = [torch.ones(n // 4) for n in sizes]
         del held
     stats = cpp.load().huge_pages_stats()
     live_peak, held_peak = stats[3], stats[4]
     assert held_peak == live_peak
-    assert K.huge_pages_info()["reused"] > before  # the third round found the second's length
+    assert K.huge_pages_info()["reused"] > before
 
 
 def test_block_cache_values_and_gradients_are_unchanged(block_cache):
@@ -311,15 +377,19 @@ def test_block_cache_limits_are_parsed_and_checked(monkeypatch):
     monkeypatch.setenv(HP.CACHE_ENV, "plenty")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert HP._cache_from_env() == 0
+        assert HP._cache_from_env() == 0  # a value it cannot read turns the cache off
     assert any("LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE" in str(w.message) for w in caught)
+    monkeypatch.delenv(HP.CACHE_ENV)
+    assert HP._cache_from_env() == HP.default_block_cache()
 
 
 def test_block_cache_from_the_environment():
     cpp_or_skip()
     _thp_or_skip()
-    assert _in_fresh_process({})["cache_limit"] == 0  # off by default
+    default = _in_fresh_process({})  # on by default, capped by the machine's memory
+    assert default["cache_limit"] == HP.default_block_cache() > 0
     assert _in_fresh_process({HP.CACHE_ENV: "1G"})["cache_limit"] == 1 << 30
+    assert _in_fresh_process({HP.CACHE_ENV: "0"})["cache_limit"] == 0
 
 
 def test_block_cache_is_emptied_when_the_allocator_goes(block_cache):

@@ -2,6 +2,8 @@
 
 Outputs of at least 8 MiB come from recycled buffers. An idle buffer is memory no tensor
 uses, so a size is kept only while its buffers are reused more often than dropped unused.
+The pool steps aside while the huge-page allocator's block cache is on (the default), so
+these tests turn the cache off.
 """
 import os
 import sys
@@ -19,6 +21,14 @@ NUM_DST = (9 * MIB) // (32 * 4)  # [NUM_DST, 32] float32 outputs: 9 MiB, pooled
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.environ.get("LIGHTNING_FULLGRAPH_POOL_MB") == "0",
     reason="the output pool exists on Linux, and LIGHTNING_FULLGRAPH_POOL_MB=0 turns it off")
+
+
+@pytest.fixture(autouse=True)
+def _block_cache_off():
+    previous = K.get_block_cache()
+    K.set_block_cache(0)
+    yield
+    K.set_block_cache(previous)
 
 
 def _aggregate(num_dst: int) -> torch.Tensor:
