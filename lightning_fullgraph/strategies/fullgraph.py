@@ -97,7 +97,10 @@ class FullGraphStrategy(DDPStrategy):
             (:mod:`lightning_fullgraph.kernels.huge_pages`): ``None`` (default) follows
             ``LIGHTNING_FULLGRAPH_HUGE_PAGES`` (on unless it says ``0``), ``True`` on (a
             warning says why not where the machine cannot), ``False`` torch's 4 KiB pages.
-            What was in effect before comes back at teardown.
+            What was in effect before comes back at teardown. The allocator keeps the pages
+            of freed blocks for the next step's tensors (its block cache, on by default:
+            ``kernels.set_block_cache``, ``LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE=0`` turns it
+            off).
         codec (str, Codec or ExchangePolicy, optional): How halo rows cross the wire, for
             every exchange point or per point and direction: a name (``"fp32"``, ``"bf16"``,
             ``"int8"``, ``"int4"``, ``"int2"``, ``"int1"``; see
