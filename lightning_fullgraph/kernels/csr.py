@@ -21,7 +21,7 @@ from torch import Tensor
 from .locality import NodeOrder, choose_order, get_locality
 
 __all__ = ["CSRGraph", "SplitCSR", "build_csr", "build_split_csr", "get_csr", "get_split_csr",
-           "clear_cache", "cache_info", "pool_info"]
+           "clear_cache", "cache_info", "pool_info", "forget"]
 
 _CACHE_SIZE = 4
 _SAMPLES = 32
@@ -305,6 +305,24 @@ def clear_cache() -> None:
         cpp._module.clear_pool()
         if hasattr(cpp._module, "huge_pages_trim"):
             cpp._module.huge_pages_trim(0)
+
+
+def forget(edge_index: Tensor) -> int:
+    """Drops the cached structures built for edge lists equal to :obj:`edge_index` (any
+    kind), so that their memory goes now; returns how many were dropped.
+
+    The ``GCNConv`` memo calls it when it keeps a destination-sorted copy of an edge list the
+    kernels may already have met unsorted: a layer's first call runs PyG's forward (the
+    kernels' forward takes over from the second), and the CSR of that first, unsorted list
+    would otherwise stay cached beside the sorted one's (405 MiB on 1M nodes / 16M edges)."""
+    ei = _plain(edge_index)
+    fp = _fingerprint(ei)
+    with _lock:
+        gone = [key for key, ent in _cache.items()
+                if ent.fingerprint == fp and torch.equal(ent.edge_index, ei)]
+        for key in gone:
+            del _cache[key]
+    return len(gone)
 
 
 def cache_info() -> dict:

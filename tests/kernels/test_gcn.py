@@ -378,3 +378,38 @@ def test_the_kept_edge_list_is_destination_sorted_and_its_csr_needs_no_permutati
     assert kept[0].size(1) == looped.size(1) and bool((kept[0][1].diff() >= 0).all())
     assert get_csr(kept[0], x.size(0), x.size(0)).perm is None
     assert get_csr(looped, x.size(0), x.size(0)).perm is not None
+
+
+def test_a_first_call_in_pygs_forward_leaves_no_second_csr_behind():
+    # With K.use(), a layer's first call runs PyG's forward (the kernels' forward takes over
+    # from the second): the kernels build a CSR of gcn_norm's unsorted list then, and the
+    # memo keeps the sorted list from the second call on.  The first CSR must not stay
+    # cached beside the sorted one's (on 1M nodes / 16M edges it held 405 MiB).
+    from lightning_fullgraph.kernels import csr
+    K.clear_cache()
+    torch.manual_seed(0)
+    convs = torch.nn.ModuleList([GCNConv(16, 16), GCNConv(16, 8)])
+    x, ei, _ = _graph()
+    with K.use("auto"):
+        for step in range(3):
+            convs[1](convs[0](x, ei).relu(), ei).square().sum().backward()
+            if step == 0:
+                assert csr.cache_info()["size"] == 1  # PyG's forward: the unsorted list's
+    assert csr.cache_info()["size"] == 1  # only the sorted list's CSR is left
+    (entry,) = csr._cache.values()
+    assert entry.csr.perm is None and bool((entry.edge_index[1].diff() >= 0).all())
+    K.clear_cache()
+
+
+def test_forget_drops_the_structures_of_equal_edge_lists():
+    from lightning_fullgraph.kernels import csr
+    K.clear_cache()
+    _, ei, _ = _graph()
+    csr.get_csr(ei, 60, 60)
+    csr.get_split_csr(ei, 30, 60, 60)
+    other = torch.randint(0, 60, (2, 100))
+    csr.get_csr(other, 60, 60)
+    assert csr.forget(ei.clone()) == 2  # by content, every kind
+    assert csr.cache_info()["size"] == 1
+    assert csr.forget(ei) == 0
+    K.clear_cache()
