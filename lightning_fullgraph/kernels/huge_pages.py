@@ -35,7 +35,8 @@ loading it.
 **Block cache (on by default).** Without it every large block is unmapped when freed, so
 the tensor that takes its place in the next training step starts in fresh pages: a page
 fault per 2 MiB and the kernel zeroing it, which on this project's 2-core virtual machine
-cost 0.3-1.1 s of system time per step over four GCN ranks.  The cache keeps the whole huge
+cost 0.43-1.12 s of system time per step over four GCN ranks (``benchmarks/rank_profile.py
+--block-cache 0``).  The cache keeps the whole huge
 pages of freed blocks, resident, and fills each new large block with them: ``mremap()``
 moves the page tables, not the data, so any freed pages can fill a block of any length (the
 kernels' outputs included: their own pool steps aside while the cache is on).  Only an empty
@@ -46,8 +47,9 @@ CUDA caching allocator does.  :func:`~.csr.clear_cache` and turning the allocato
 the cached pages back; :func:`set_block_cache` (or the environment variable
 ``LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE``, bytes with an optional ``K``/``M``/``G`` suffix,
 read at import) caps it, ``0`` turns it off.  The default cap is the machine's memory: the
-live-peak rule is the bound.  Measured (README): a 2-layer GCN at P = 4 on 1M nodes / 10M
-edges 1.36x per epoch (GraphSAGE 1.62x) with the ranks' peaks unchanged.
+live-peak rule is the bound.  Measured (README; ``benchmarks/fullgraph.py --parts 4
+--block-cache-ab``): a 2-layer GCN at P = 4 on 1M nodes / 10M edges 1.36x per epoch
+(GraphSAGE 1.62x), the ranks' peaks not raised.
 """
 from __future__ import annotations
 
