@@ -48,7 +48,10 @@ class use:
     (``with use("cpp"): ...`` restores the previous backend on exit). While a backend is
     active, every registered ``MessagePassing`` layer (``GCNConv``, ``SAGEConv``, ...)
     gets its per-instance ``propagate`` wrapper installed at its first forward call;
-    switching off reverts those wrappers.
+    switching off reverts those wrappers. That first call runs the layer's own ``forward``
+    with the kernels' ``propagate`` (and, for layers that normalize, the memoized
+    ``gcn_norm``); fused forwards such as ``SAGEConv``'s take over from the second call.
+    :func:`~lightning_fullgraph.kernels.accelerate` installs everything up front.
 
     Args:
         backend: ``"auto"``, ``"cpp"``, ``"triton"``, ``"torch"``, or ``None``/``"off"``.

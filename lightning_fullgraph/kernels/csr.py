@@ -312,9 +312,9 @@ def forget(edge_index: Tensor) -> int:
     kind), so that their memory goes now; returns how many were dropped.
 
     The ``GCNConv`` memo calls it when it keeps a destination-sorted copy of an edge list the
-    kernels may already have met unsorted: a layer's first call runs PyG's forward (the
-    kernels' forward takes over from the second), and the CSR of that first, unsorted list
-    would otherwise stay cached beside the sorted one's (405 MiB on 1M nodes / 16M edges)."""
+    kernels may already have met unsorted (a ``gcn_norm`` result aggregated outside the memo,
+    e.g. by a layer of the user's own), so that the CSR of the unsorted list does not stay
+    cached beside the sorted one's (405 MiB on 1M nodes / 16M edges)."""
     ei = _plain(edge_index)
     fp = _fingerprint(ei)
     with _lock:

@@ -17,6 +17,7 @@ to PyG's ``propagate`` unchanged; if a pre-hook makes a call unsupported, PyG's
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -400,6 +401,9 @@ _global_hook = None
 def _global_pre_hook(module, args):
     if module.__class__ in _seen_unsupported:
         return None
+    left = _first_call_exits.pop(module, None)
+    if left is not None:
+        left.remove()  # its first call is over (removed here: torch may be iterating it there)
     from torch_geometric.nn import MessagePassing
 
     if not isinstance(module, MessagePassing) or _spec_for(module) is None:
@@ -409,10 +413,38 @@ def _global_pre_hook(module, args):
         token = _install(module, None, None)
         if token is not None:
             _auto_installed[module] = token
+            if token[3]:
+                _first_call_in_memo_scope(module)
     return None
 
 
+def _first_call_in_memo_scope(module) -> None:
+    # torch picked this call's forward before the pre-hook ran, so PyG's forward runs once
+    # more; its gcn_norm calls are answered from the memo all the same (the same bits, and
+    # no CSR of an unsorted edge list that no later call uses). A forward hook of the layer,
+    # also called when the forward raises, leaves the scope and removes itself: at once
+    # normally; when the forward raised, at the layer's next call (torch is iterating the
+    # layer's hooks then).
+    if torch.compiler.is_compiling():
+        return  # the memo stands aside under compile anyway
+    scope = [gcn.memo_scope()]
+    scope[0].__enter__()
+
+    def leave(_module, _args, _result):
+        if scope:
+            scope.pop().__exit__(None, None, None)
+        handle = _first_call_exits.pop(_module, None)
+        if handle is not None:
+            if sys.exc_info()[0] is None:
+                handle.remove()
+            else:
+                _first_call_exits[_module] = handle
+
+    _first_call_exits[module] = module.register_forward_hook(leave, always_call=True)
+
+
 _seen_unsupported: set = set()
+_first_call_exits: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _on_backend_change(backend: Optional[str]) -> None:
@@ -424,6 +456,9 @@ def _on_backend_change(backend: Optional[str]) -> None:
     elif backend is None and _global_hook is not None:
         _global_hook.remove()
         _global_hook = None
+        for module, left in list(_first_call_exits.items()):
+            left.remove()
+        _first_call_exits.clear()
         for module, token in list(_auto_installed.items()):
             _uninstall(module, token)
         _auto_installed.clear()

@@ -380,24 +380,45 @@ def test_the_kept_edge_list_is_destination_sorted_and_its_csr_needs_no_permutati
     assert get_csr(looped, x.size(0), x.size(0)).perm is not None
 
 
-def test_a_first_call_in_pygs_forward_leaves_no_second_csr_behind():
-    # With K.use(), a layer's first call runs PyG's forward (the kernels' forward takes over
-    # from the second): the kernels build a CSR of gcn_norm's unsorted list then, and the
-    # memo keeps the sorted list from the second call on.  The first CSR must not stay
-    # cached beside the sorted one's (on 1M nodes / 16M edges it held 405 MiB).
+def test_a_first_call_in_pygs_forward_uses_the_memo():
+    # With K.use(), torch picks a layer's forward before the hook that installs the kernels'
+    # runs, so its first call is PyG's forward; that call's gcn_norm is answered from the
+    # memo all the same, so the kernels never build a CSR of the unsorted list (on 1M nodes /
+    # 16M edges one stayed cached beside the sorted list's: 405 MiB).
     from lightning_fullgraph.kernels import csr
     K.clear_cache()
+    gcn.clear_memo()
     torch.manual_seed(0)
     convs = torch.nn.ModuleList([GCNConv(16, 16), GCNConv(16, 8)])
     x, ei, _ = _graph()
+    with torch.no_grad():
+        want = convs[1](convs[0](x, ei).relu(), ei)
     with K.use("auto"):
         for step in range(3):
-            convs[1](convs[0](x, ei).relu(), ei).square().sum().backward()
+            out = convs[1](convs[0](x, ei).relu(), ei)
             if step == 0:
-                assert csr.cache_info()["size"] == 1  # PyG's forward: the unsorted list's
-    assert csr.cache_info()["size"] == 1  # only the sorted list's CSR is left
+                assert gcn.memo_info()["misses"] == 1 and gcn.memo_info()["hits"] == 1
+                assert csr.cache_info()["size"] == 1  # the sorted list's, from the first call
+                torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+            out.square().sum().backward()
+        assert gcn.memo_info()["misses"] == 1
+        assert getattr(gcn._scope, "depth", 0) == 0  # the first calls' scopes were left
+        assert not any(c._forward_hooks for c in convs)  # and their hooks removed
+    assert csr.cache_info()["size"] == 1
     (entry,) = csr._cache.values()
     assert entry.csr.perm is None and bool((entry.edge_index[1].diff() >= 0).all())
+
+
+def test_a_failing_first_call_leaves_the_memo_scope():
+    K.clear_cache()
+    conv = GCNConv(16, 8)
+    x, ei, _ = _graph()
+    with K.use("auto"):
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+            conv(x[:, :5], ei)  # wrong width: lin fails inside PyG's forward
+        assert getattr(gcn._scope, "depth", 0) == 0
+        conv(x, ei)  # the next call is the kernels' forward, outside any scope afterwards
+        assert getattr(gcn._scope, "depth", 0) == 0 and not conv._forward_hooks
     K.clear_cache()
 
 
