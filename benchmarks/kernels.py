@@ -520,49 +520,84 @@ def markdown_table(rows: List[dict], case_info: List[dict]) -> str:
 
 
 def plot(rows: List[dict], path: str) -> None:
-    """Two panels: ours' forward bandwidth share (minimum bytes and per-edge bytes, % of the
-    copy bandwidth measured with it) and its speed-up over the other contenders, for every
-    (case, F) measured; written to ``path`` (PNG)."""
+    """Three panels against the feature width F, one line per graph (case): ours' forward
+    bandwidth by minimum bytes and by per-edge bytes (% of the copy bandwidth measured right
+    before that F), and ours' forward speed-up over each other contender. Where the graph was
+    timed with its rows already in the locality order (``ours_kernel_in_order``), that line is
+    drawn too, dashed. Written to ``path`` (PNG)."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ours = [r for r in rows if r["method"] == "ours" and r.get("fwd_best_s")]
-    if not ours:
+    timed = [r for r in rows if r.get("fwd_best_s")]
+    cases = list(dict.fromkeys(r["case"] for r in timed if r["method"] == "ours"))
+    if not cases:
         return
-    labels = [f"{r['case']}\nF={r['F']}" for r in ours]
-    pos = list(range(len(ours)))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(ours) + 4), 4.2))
-    a.bar([p - 0.2 for p in pos], [r["minimum_pct_copy"] for r in ours], 0.4, label="minimum bytes")
-    a.bar([p + 0.2 for p in pos], [r["per_edge_pct_copy"] for r in ours], 0.4, label="per-edge bytes")
-    for k, (r, p) in enumerate(zip(ours, pos)):
-        if r.get("torch_gather_gbs"):
-            a.plot([p - 0.4, p + 0.4], [100 * r["torch_gather_gbs"] / r["copy_best_gbs"]] * 2, "k--", lw=1,
-                   label="torch index_select, random rows" if k == 0 else None)
-    a.axhline(30, color="grey", lw=0.8, label="30 % of copy")
-    a.set_xticks(pos, labels, fontsize=8)
-    a.set_ylabel("forward bandwidth, % of copy bandwidth")
-    a.set_title("ours, forward: bytes moved / time", fontsize=9)
-    a.legend(fontsize=8)
-    others = sorted({r["method"] for r in rows if r.get("ours_speedup_fwd")})
-    width = 0.8 / max(1, len(others))
-    for k, m in enumerate(others):
-        vals = [next((r.get("ours_speedup_fwd") or 0 for r in rows if r["method"] == m and r["case"] == o["case"]
-                      and r["F"] == o["F"]), 0) for o in ours]
-        b.bar([p - 0.4 + width * (k + 0.5) for p in pos], vals, width, label=m)
-    b.axhline(1, color="grey", lw=0.8)
-    b.set_xticks(pos, labels, fontsize=8)
-    b.set_ylabel("forward time of contender / ours")
-    b.set_title("speed-up of ours, forward (log scale)", fontsize=9)
-    b.set_yscale("log")
-    b.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
-    b.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x" if v in (2, 3, 5) else ""))
-    b.legend(fontsize=8)
+    colors = {c: f"C{k}" for k, c in enumerate(cases)}
+    label = {c: next(f"{c} {r['nodes'] / 1e6:g}M/{r['edges'] / 1e6:g}M" for r in timed if r["case"] == c)
+             for c in cases}
+
+    def series(case: str, method: str, key: str) -> Tuple[List[int], List[float]]:
+        pts = sorted((r["F"], r[key]) for r in timed if r["case"] == case and r["method"] == method
+                     and r.get(key) is not None)
+        return [f for f, _ in pts], [v for _, v in pts]
+
+    widths = sorted({r["F"] for r in timed})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    for ax, key, title in ((axes[0], "minimum_pct_copy", "minimum bytes (each used row read once)"),
+                           (axes[1], "per_edge_pct_copy", "per-edge bytes (one row read per edge)")):
+        for c in cases:
+            ax.plot(*series(c, "ours", key), "o-", color=colors[c], label=label[c])
+            fs, vs = series(c, "ours_kernel_in_order", key)
+            if fs:
+                ax.plot(fs, vs, "s--", color=colors[c], label=f"{c}, rows pre-ordered")
+        if ax is axes[0]:
+            ax.axhline(30, color="grey", lw=0.8, label="30 % of copy")
+        ax.set_ylabel("ours, forward: % of copy bandwidth")
+        ax.set_title(f"forward bandwidth by {title}", fontsize=9)
+    others = [m for m in ("pyg", "sparse_csr_mm", "torch_scatter")
+              if any(r.get("ours_speedup_fwd") and r["method"] == m for r in timed)]
+    styles = dict(zip(others, ("o-", "^:", "v-.")))
+    for c in cases:
+        for m in others:
+            fs, vs = series(c, m, "ours_speedup_fwd")
+            if fs:
+                axes[2].plot(fs, vs, styles[m], color=colors[c], label=f"{c}: {m} / ours")
+    axes[2].axhline(1, color="grey", lw=0.8)
+    axes[2].set_yscale("log")
+    axes[2].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    axes[2].yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:g}x" if v in (2, 3, 5, 20, 30, 50) else ""))
+    axes[2].set_ylabel("forward time of contender / ours")
+    axes[2].set_title("speed-up of ours, forward", fontsize=9)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(min(widths) / 1.3, max(widths) * 1.3)
+        ax.set_xticks(widths, [str(f) for f in widths])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlabel("feature width F (float32)")
+        ax.legend(fontsize=6, ncol=2 if ax is axes[2] else 1)
+    axes[0].set_ylim(bottom=0)
+    axes[1].set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def replot(json_path: str, plot_path: Optional[str]) -> dict:
+    """The table (and figure) again from a ``--json`` file of an earlier run, without timing."""
+    with open(json_path) as fh:
+        result = json.load(fh)
+    rows = result.get("aggregation") or []
+    if not rows:
+        raise SystemExit(f"{json_path} holds no aggregation rows (was it written with --no-agg?)")
+    print(markdown_table(rows, result.get("cases") or []))
+    if plot_path:
+        plot(rows, plot_path)
+        print(f"# figure: {plot_path}")
+    return result
 
 
 # --------------------------------------------------------------------------- end to end
@@ -678,7 +713,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--json", default=None, help="also write the JSON result to this file")
     p.add_argument("--plot", default=None, help="write the bandwidth / speed-up figure (PNG) to this file")
     p.add_argument("--no-print-json", action="store_true", help="do not print the JSON result")
+    p.add_argument("--replot", metavar="JSON", default=None,
+                   help="time nothing: print the table (and write --plot) from an earlier run's --json file")
     args = p.parse_args(argv)
+    if args.replot:
+        return replot(args.replot, args.plot)
 
     import lightning_fullgraph.kernels as K
 

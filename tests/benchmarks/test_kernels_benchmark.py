@@ -38,3 +38,17 @@ def test_quick_torus_run(tmp_path):
     assert methods["ours_bf16"]["minimum_bytes"] < methods["ours"]["minimum_bytes"]
     assert methods["ours_bf16"]["fwd_bwd_best_s"] > 0
     assert "| torus" in proc.stdout and png.stat().st_size > 0
+    # the table and figure again from the JSON alone, timing nothing
+    png2 = tmp_path / "again.png"
+    again = subprocess.run([sys.executable, str(SCRIPT), "--replot", str(out), "--plot", str(png2)],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "| torus" in again.stdout and png2.stat().st_size > 0
+
+
+def test_replot_refuses_a_run_without_aggregation_rows(tmp_path):
+    empty = tmp_path / "e2e-only.json"
+    empty.write_text(json.dumps({"machine": {}, "cases": [], "aggregation": [], "end_to_end": []}))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--replot", str(empty)], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode != 0 and "no aggregation rows" in proc.stderr
