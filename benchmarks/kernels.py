@@ -6,6 +6,7 @@ Usage::
     python benchmarks/kernels.py                         # 1M nodes / 16M edges, F in {16,64,128,256}
     python benchmarks/kernels.py --features 128 --json out.json
     python benchmarks/kernels.py --cases uniform skewed torus --features 128 --plot kernels.png
+    python benchmarks/kernels.py --replot out.json --plot kernels.png   # table + figure again, no timing
 
 For each graph case and feature width F it times a forward and a forward+backward of an
 unweighted sum aggregation (``out[d] = sum_{(s,d)} x[s]``) for every contender (PyG's
@@ -40,7 +41,8 @@ DRAM about ``E / N`` times, so the minimum-bytes share is bounded by that (the p
 is the meaningful one there); ``torus`` (a mesh-like graph, ids shuffled) has locality that
 the node order of ``lightning_fullgraph.kernels.locality`` recovers, and its table shows ours
 in that order (default) and in the graph's own order. ``--plot PATH`` draws the bandwidth
-shares and speed-ups.
+shares and speed-ups against F, one line per case; ``--replot JSON`` redraws them (and
+reprints the table) from an earlier run's ``--json`` file.
 
 Huge pages: loading the C++ kernels installs their huge-page CPU allocator
 (``lightning_fullgraph.kernels.huge_pages``), which backs large tensors with transparent huge
