@@ -231,8 +231,8 @@ def _memoized(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
     raw = norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
     result = _destination_sorted(raw, edge_index, num_nodes, flow)
     if result[0] is not raw[0]:
-        # A CSR the kernels built of the unsorted list (the layer's first call, in PyG's
-        # forward) would never be used again: the kept list is the sorted one.
+        # A CSR the kernels built of the unsorted list (gcn_norm's result aggregated outside
+        # the memo) would never be used again: the kept list is the sorted one.
         from .csr import forget
         forget(raw[0])
     refs = (weakref.ref(edge_index, _drop(key)),

@@ -401,9 +401,10 @@ _global_hook = None
 def _global_pre_hook(module, args):
     if module.__class__ in _seen_unsupported:
         return None
-    left = _first_call_exits.pop(module, None)
-    if left is not None:
-        left.remove()  # its first call is over (removed here: torch may be iterating it there)
+    if _first_call_exits:  # empty except during a first call or after one that raised
+        left = _first_call_exits.pop(module, None)
+        if left is not None:
+            left.remove()  # its first call is over (here: torch may be iterating it there)
     from torch_geometric.nn import MessagePassing
 
     if not isinstance(module, MessagePassing) or _spec_for(module) is None:
