@@ -9,6 +9,8 @@ Quick start::
     handle = K.accelerate(model)  # or wrap one model explicitly; handle.revert()
     out = K.aggregate(x, edge_index, edge_weight, "mean", num_dst)  # raw op
     K.set_locality("off")         # keep every graph's own node order (default "auto")
+    K.set_static_inputs("off")    # aggregate every call, GCNConv in PyG's order (default
+                                  # "auto": unchanged inputs' aggregations kept, see .kept)
     K.set_huge_pages("on")        # large CPU tensors in 2 MiB pages now (default "auto":
                                   # from the first use of the C++ kernels on)
 
@@ -17,6 +19,7 @@ Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
 from .backend import BACKENDS, current, resolve, use
 from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr, pool_info
 from .functional import aggregate
+from .kept import get_static_inputs, set_static_inputs
 from .huge_pages import (get_block_cache, get_huge_pages, huge_pages_info, set_block_cache,
                          set_huge_pages)
 from .locality import NodeOrder, get_locality, locality_score, set_locality
@@ -40,6 +43,8 @@ __all__ = [
     "cache_info",
     "pool_info",
     "set_locality",
+    "set_static_inputs",
+    "get_static_inputs",
     "get_locality",
     "locality_score",
     "NodeOrder",

@@ -296,9 +296,10 @@ def clear_cache() -> None:
     with _lock:
         _cache.clear()
         _stats["hits"] = _stats["misses"] = 0
-    from . import gcn
+    from . import gcn, kept
 
     gcn.clear_memo()
+    kept.clear()
     from . import cpp
 
     if cpp._module is not None:  # only if already loaded: never trigger a build here

@@ -1,10 +1,11 @@
-r"""``GCNConv``'s forward with the kernels: the graph normalized once, the bias added in place.
+r"""``GCNConv``'s forward with the kernels: the graph normalized once, the bias added in place,
+an input without gradient aggregated first.
 
 PyG's ``GCNConv`` (``cached=False``, its default) calls ``gcn_norm`` on every forward: a
 self-loop mask and a concatenation over the edges, a degree scatter, two gathers and products
 per edge.  With the aggregation on the kernels that is a large cost left beside the products
 (``benchmarks/gcn_forward.py --profile`` shows it; the README has the numbers).  With the
-kernels on, an unmodified ``GCNConv`` gets a forward that differs from PyG's in two places
+kernels on, an unmodified ``GCNConv`` gets a forward that differs from PyG's in these places
 only:
 
 * **The normalization is memoized.**  The tensors PyG's ``gcn_norm`` returned are kept for the
@@ -31,9 +32,15 @@ only:
   bias): ``out.add_(bias)`` instead of ``out + bias``, the same values without a second
   :math:`N \times F_{out}` tensor and its first-touch page faults.
 
-Values are bit-identical to PyG's forward (``tests/kernels/test_gcn.py``); everything else
-(tuples of features, ``SparseTensor`` or ``torch.sparse`` graphs, subclasses with their own
-forward) runs PyG's forward.
+* **An input without gradient is aggregated first** (:mod:`.gcn_reorder`): :math:`(\hat{A}X)W`
+  in place of :math:`\hat{A}(XW)`, one aggregation per training step in place of two, and none
+  while :math:`X` stays the same tensor (the aggregate is kept, :mod:`.kept`). Those results
+  equal PyG's within floating-point reassociation (``K.set_static_inputs("off")`` keeps PyG's
+  order).
+
+Values in PyG's order are bit-identical to PyG's forward (``tests/kernels/test_gcn.py``);
+everything else (tuples of features, ``SparseTensor`` or ``torch.sparse`` graphs, subclasses
+with their own forward) runs PyG's forward.
 
 The other layers the kernels run that normalize with ``gcn_norm`` in every forward
 (``SGConv`` without ``cached``, ``APPNP``, ``TAGConv``, ``GCN2Conv``) keep PyG's forward and
@@ -53,6 +60,7 @@ import torch
 from torch import Tensor
 
 from .. import compat
+from . import gcn_reorder
 
 __all__ = ["MEMO_SIZE", "NORMALIZING_LAYERS", "applies", "normalizes", "kernel_forward",
            "scoped_forward", "memo_scope", "route", "unroute", "normalize", "clear_memo",
@@ -255,13 +263,27 @@ def _add_bias(layer: Any, out: Tensor) -> Tensor:
     return out + bias
 
 
-def kernel_forward(layer: Any, original: Callable) -> Callable:
-    r"""A ``forward`` for :obj:`layer` (:func:`applies`) with the memoized normalization and
-    the bias added in place; PyG's :obj:`original` for every call it does not cover.
+def _add_bias_to_product(layer: Any, out: Tensor) -> Tensor:
+    # The linear map's fresh output (no hook of the map observes it: .gcn_reorder checked):
+    # its backward keeps the map's input, not this, so the bias goes in in place.
+    bias = layer.bias
+    if bias is None:
+        return out
+    if out._base is None and out.dtype == bias.dtype and out.device == bias.device:
+        return out.add_(bias)
+    return out + bias
+
+
+def kernel_forward(layer: Any, original: Callable, ignore: Tuple[Callable, ...] = ()) -> Callable:
+    r"""A ``forward`` for :obj:`layer` (:func:`applies`) with the memoized normalization, the
+    bias added in place and an input without gradient aggregated first (:mod:`.gcn_reorder`);
+    PyG's :obj:`original` for every call it does not cover.
 
     Args:
         layer (GCNConv): The layer.
         original (Callable): Its forward as it was.
+        ignore (Tuple[Callable, ...]): Global hooks that may see the reordered tensors (the
+            kernels' own module pre-hook).
     """
 
     def forward(x: Tensor, edge_index: Any, edge_weight: Optional[Tensor] = None) -> Tensor:
@@ -278,6 +300,9 @@ def kernel_forward(layer: Any, original: Callable) -> Callable:
                     layer._cached_edge_index = (edge_index, edge_weight)
             else:
                 edge_index, edge_weight = cache[0], cache[1]
+        out = gcn_reorder.reordered(layer, x, edge_index, edge_weight, ignore)
+        if out is not None:
+            return _add_bias_to_product(layer, out)
         x = layer.lin(x)
         out = layer.propagate(edge_index, x=x, edge_weight=edge_weight)
         return _add_bias(layer, out)

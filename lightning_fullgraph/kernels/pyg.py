@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .. import compat
 from . import backend as _backend
-from . import gcn, sage
+from . import gcn, kept, sage
 from .functional import aggregate
 from .split import SplitRows, accepting_split, aggregate_split
 
@@ -195,7 +195,8 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
         if spec.weight and spec.weight not in kwargs:
             kwargs = {**kwargs, spec.weight: None}  # hooks see every argument, as in PyG's template
         reduce = _reduce_of(mod)
-        if len(compat.hook_dicts(mod, "propagate_pre")) > 0:
+        rewritten = len(compat.hook_dicts(mod, "propagate_pre")) > 0
+        if rewritten:
             # A sum over a split source (owned rows now, halo rows later) is ours to run.
             edge_index, size, kwargs = _run_pre_hooks(mod, edge_index, size, kwargs,
                                                       accept_split=reduce == "sum")
@@ -216,12 +217,28 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
         n_src, n_dst = sizes
         x_src = x[0] if isinstance(x, (tuple, list)) else x
         weight = kwargs.get(spec.weight) if spec.weight else None
-        out = aggregate(x_src, edge_index, weight, reduce, n_dst, num_src=n_src, backend=be)
+        out = _aggregate_or_kept(mod, x_src, edge_index, weight, reduce, n_src, n_dst, be,
+                                 static=not rewritten)
         return _finish(mod, out, edge_index, (n_src, n_dst), kwargs)
 
     setattr(propagate, _WRAPPER_FLAG, True)
     propagate.__wrapped__ = original
     return propagate
+
+
+def _aggregate_or_kept(mod, x: Tensor, edge_index, weight, reduce: str, n_src: int, n_dst: int,
+                       be: str, static: bool) -> Tensor:
+    # An unchanged input's aggregation, kept from an earlier call (.kept); not in a call the
+    # distributed engine's pre-hooks rewrote (its static cache decides there).
+    if not (static and isinstance(edge_index, Tensor) and kept.eligible(x, weight)):
+        return aggregate(x, edge_index, weight, reduce, n_dst, num_src=n_src, backend=be)
+    extra = (reduce, int(n_src), int(n_dst), be)  # a backend switched to aggregates anew
+    out = kept.lookup(mod, x, edge_index, weight, extra)
+    if out is None:
+        out = aggregate(x, edge_index, weight, reduce, n_dst, num_src=n_src, backend=be)
+        if kept.sighted_again(mod, x):
+            kept.keep(mod, x, edge_index, weight, extra, out)
+    return out
 
 
 def _finish(mod, out: Tensor, edge_index, out_sizes: Tuple[int, int], kwargs: Dict[str, Any]):
@@ -311,8 +328,8 @@ def _install(module, pinned: Optional[str],
     if "forward" not in module.__dict__:
         if sage.fusable(module):  # SAGEConv's root term accumulated into lin_l's product
             fused = sage.fused_forward(module, module.forward, (_global_pre_hook, ))
-        elif gcn.applies(module):  # GCNConv's normalization memoized, its bias in place
-            fused, routed = gcn.kernel_forward(module, module.forward), True
+        elif gcn.applies(module):  # GCNConv: normalization memoized, bias in place, reordered
+            fused, routed = gcn.kernel_forward(module, module.forward, (_global_pre_hook, )), True
         elif gcn.normalizes(module):  # APPNP, TAGConv, ...: their gcn_norm calls memoized
             fused, routed = gcn.scoped_forward(module, module.forward), True
     if fused is not None:

@@ -1,0 +1,185 @@
+r"""Aggregations of unchanged inputs, kept between calls.
+
+A model's first layer aggregates the same features in every step: the dataset's ``x``, which
+needs no gradient and does not change. Its aggregation is then the same in every step too. The
+kernels' ``propagate`` (:mod:`.pyg`) keeps it and answers later calls with it, as the distributed
+engine's static cache does for a partitioned layer (:mod:`lightning_fullgraph.engine.static`):
+``SAGEConv``, ``GINConv`` and ``GraphConv`` then aggregate their input once, and ``GCNConv``,
+which aggregates its transformed input, is run in the other order for such an input
+(:mod:`.gcn_reorder`).
+
+An aggregation is kept when a layer aggregates the same input again (it is among the inputs of
+its last :data:`SIGHTINGS` aggregations): the same tensor (or a view of the same base, with the
+same geometry), with an unchanged version counter, that needs no gradient; over the same graph
+tensor and edge weights (unchanged, without gradient), with the same sizes, reduction and
+backend. So tensors made anew in every call (input dropout, hops over a changing input) are
+never kept; a hop over a kept aggregation is (``SGConv`` on the features keeps all its hops:
+SGC's precomputation, found by itself). Nothing is kept in inference mode (its tensors cannot be
+saved for a later backward), for 16-bit rows (not measured), under autocast, or in calls the
+distributed engine's hooks rewrite (its own cache decides there).
+
+An entry is answered only while everything it came from is alive and unchanged, and while the
+kept output itself is unchanged (a layer or hook that edits its aggregation in place makes the
+next call aggregate anew); it goes when its layer, input, graph or weights are freed. At most
+:data:`SIZE` are kept (least recently used goes first); each is :math:`N_{dst} \times F`.
+``K.set_static_inputs("off")`` (or ``$LIGHTNING_FULLGRAPH_STATIC_INPUTS=off``) keeps and uses
+nothing and leaves ``GCNConv`` in PyG's order; :func:`~.clear_cache` forgets everything kept.
+"""
+import os
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["MODES", "ENV", "SIZE", "set_static_inputs", "get_static_inputs", "eligible", "lookup",
+           "holds", "sighted_again", "keep", "clear", "info", "SIGHTINGS"]
+
+MODES = ("auto", "off")
+ENV = "LIGHTNING_FULLGRAPH_STATIC_INPUTS"
+#: Aggregations kept at once.
+SIZE = 4
+
+_default: Optional[str] = None
+
+
+def set_static_inputs(mode: Optional[str]) -> None:
+    r"""``"auto"`` (default): keep the aggregations of unchanged inputs, and aggregate such an
+    input of ``GCNConv`` first; ``"off"``: neither (what is kept already is not used, and goes
+    with its inputs or :func:`~.clear_cache`); ``None``: back to
+    ``$LIGHTNING_FULLGRAPH_STATIC_INPUTS`` (or ``"auto"``)."""
+    global _default
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"static-inputs mode must be one of {MODES}, got {mode!r}")
+    _default = mode
+
+
+def get_static_inputs() -> str:
+    r"""The mode in effect: :func:`set_static_inputs`'s, else the environment's, else ``"auto"``."""
+    if _default is not None:
+        return _default
+    mode = os.environ.get(ENV, "").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"{ENV}={os.environ[ENV]!r}: must be one of {MODES}")
+    return mode
+
+
+def _signature(t: Tensor) -> tuple:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+            t.dtype, t.device, t._version)
+
+
+def _anchor(t: Tensor) -> Tensor:
+    # A view made anew every call (x[:, :]) follows the life of its base.
+    return t if t._base is None else t._base
+
+
+def eligible(x: Any, weight: Any = None) -> bool:
+    r"""Whether an aggregation of :obj:`x` (with :obj:`weight`) may be kept (module docstring)."""
+    return (get_static_inputs() == "auto" and isinstance(x, Tensor) and x.layout == torch.strided
+            and x.dtype in (torch.float32, torch.float64) and not x.requires_grad
+            and not x.is_inference() and not torch.is_inference_mode_enabled()
+            and not torch.is_autocast_enabled(x.device.type)
+            and (weight is None or (isinstance(weight, Tensor) and not weight.requires_grad
+                                    and not weight.is_inference())))
+
+
+class _Entry:
+    __slots__ = ("refs", "signatures", "output", "version")
+
+    def __init__(self, refs, signatures, output: Tensor):
+        self.refs = refs  # weak: the layer, the input's anchor, the graph (and the weights)
+        self.signatures = signatures
+        self.output = output
+        self.version = output._version
+
+    def valid(self, tensors) -> bool:
+        return (all(ref() is not None for ref in self.refs)
+                and tuple(_signature(t) for t in tensors) == self.signatures
+                and self.output._version == self.version)
+
+
+_kept: "OrderedDict[tuple, _Entry]" = OrderedDict()
+_counts = {"hits": 0, "kept": 0}
+# Per layer: the inputs of its latest eligible calls (weakly), with their signatures; a few, so
+# that the hops of one forward (SGConv's K propagations) do not push out its first input.
+_sighted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+SIGHTINGS = 4
+
+
+def _tensors(x: Tensor, edge_index: Tensor, weight: Optional[Tensor]) -> tuple:
+    return (x, edge_index) + ((weight,) if weight is not None else ())
+
+
+def _key(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor], extra: tuple) -> tuple:
+    # The input's place, not its version: an edited input replaces its entry (see valid()).
+    return (id(layer), id(_anchor(x)), _signature(x)[1:-1], id(edge_index),
+            None if weight is None else id(weight), extra)
+
+
+def lookup(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor],
+           extra: tuple = ()) -> Optional[Tensor]:
+    r"""The kept aggregation of this call (:obj:`extra`: its sizes, reduction and backend), or
+    ``None``."""
+    key = _key(layer, x, edge_index, weight, extra)
+    entry = _kept.get(key)
+    if entry is None or not entry.valid(_tensors(x, edge_index, weight)):
+        return None
+    _kept.move_to_end(key)
+    _counts["hits"] += 1
+    return entry.output
+
+
+def holds(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor]) -> bool:
+    r"""Whether an aggregation of :obj:`x` over this graph by :obj:`layer` is kept (any sizes,
+    reduction and backend)."""
+    tensors = _tensors(x, edge_index, weight)
+    head = _key(layer, x, edge_index, weight, ())[:-1]
+    return any(key[:-1] == head and entry.valid(tensors) for key, entry in list(_kept.items()))
+
+
+def sighted_again(layer: Any, x: Tensor) -> bool:
+    r"""Whether one of :obj:`layer`'s latest eligible calls (:data:`SIGHTINGS`) had this very
+    input, unchanged; records this call's input as the latest."""
+    anchor, signature = _anchor(x), _signature(x)
+    seen = [s for s in _sighted.get(layer, ()) if s[0]() is not None]  # freed inputs drop out
+    again = any(ref() is anchor and sig == signature for ref, sig in seen)
+    seen = [s for s in seen if s[0]() is not anchor] + [(weakref.ref(anchor), signature)]
+    _sighted[layer] = seen[-SIGHTINGS:]
+    return again
+
+
+def _drop(key: tuple) -> Callable:
+    def callback(_ref: Any) -> None:
+        _kept.pop(key, None)
+    return callback
+
+
+def keep(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor], extra: tuple,
+         output: Tensor) -> None:
+    r"""Keeps :obj:`output`, the aggregation of this call (:func:`lookup` answers with it)."""
+    if output.requires_grad:  # made from tensors without gradient, it has none: else not ours
+        return
+    key = _key(layer, x, edge_index, weight, extra)
+    tensors = _tensors(x, edge_index, weight)
+    refs = tuple(weakref.ref(t, _drop(key)) for t in (layer, _anchor(x)) + tensors[1:])
+    _kept[key] = _Entry(refs, tuple(_signature(t) for t in tensors), output)
+    _kept.move_to_end(key)
+    _counts["kept"] += 1
+    while len(_kept) > SIZE:
+        _kept.popitem(last=False)
+
+
+def clear() -> None:
+    r"""Forgets every kept aggregation and sighting (and resets the counts)."""
+    _kept.clear()
+    _sighted.clear()
+    _counts["hits"] = _counts["kept"] = 0
+
+
+def info() -> dict:
+    r"""``hits`` (calls answered), ``kept`` (aggregations kept so far), ``aggregations`` (kept
+    now) and the ``bytes`` they hold."""
+    held = sum(e.output.numel() * e.output.element_size() for e in list(_kept.values()))
+    return {**_counts, "aggregations": len(_kept), "bytes": held}
