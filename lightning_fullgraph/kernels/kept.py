@@ -15,8 +15,10 @@ tensor and edge weights (unchanged, without gradient), with the same sizes, redu
 backend. So tensors made anew in every call (input dropout, hops over a changing input) are
 never kept; a hop over a kept aggregation is (``SGConv`` on the features keeps all its hops:
 SGC's precomputation, found by itself). Nothing is kept in inference mode (its tensors cannot be
-saved for a later backward), for 16-bit rows (not measured), under autocast, or in calls the
-distributed engine's hooks rewrite (its own cache decides there).
+saved for a later backward), for 16-bit rows (not measured), under autocast, in code that
+``torch.compile`` traces (a compiled graph would not re-check what an entry came from; calls it
+leaves to eager mode keep as usual), or in calls the distributed engine's hooks rewrite (its own
+cache decides there).
 
 An entry is answered only while everything it came from is alive and unchanged, and while the
 kept output itself is unchanged (a layer or hook that edits its aggregation in place makes the

@@ -163,3 +163,16 @@ def test_a_backend_switched_to_aggregates_anew():
     # Not answered from the C++ kernels' aggregation: kept anew for the reference backend, and
     # answered from that one after.
     assert kept.info()["hits"] == 2 and kept.info()["kept"] == 2
+
+
+def test_under_torch_compile_results_follow_edits():
+    x, edge_index = _graph()
+    conv = GraphConv(16, 16)
+    with K.accelerate(conv, backend="auto"):
+        compiled = torch.compile(conv, backend="eager")
+        for _ in range(3):
+            compiled(x, edge_index)
+        x.mul_(2)  # edited in place: a compiled call must not answer with the old aggregation
+        got = compiled(x, edge_index)
+    K.set_static_inputs("off")
+    torch.testing.assert_close(got, conv(x, edge_index), rtol=0, atol=0)
