@@ -11,6 +11,8 @@ Quick start::
     K.set_locality("off")         # keep every graph's own node order (default "auto")
     K.set_static_inputs("off")    # aggregate every call, GCNConv in PyG's order (default
                                   # "auto": unchanged inputs' aggregations kept, see .kept)
+    K.set_layer_order("pyg")      # every layer in PyG's order (default "auto": a narrowing
+                                  # SAGEConv maps before it aggregates, see .sage_reorder)
     K.set_huge_pages("on")        # large CPU tensors in 2 MiB pages now (default "auto":
                                   # from the first use of the C++ kernels on)
 
@@ -20,6 +22,7 @@ from .backend import BACKENDS, current, resolve, use
 from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr, pool_info
 from .functional import aggregate
 from .kept import get_static_inputs, set_static_inputs
+from .sage_reorder import get_layer_order, set_layer_order
 from .huge_pages import (get_block_cache, get_huge_pages, huge_pages_info, set_block_cache,
                          set_huge_pages)
 from .locality import NodeOrder, get_locality, locality_score, set_locality
@@ -45,6 +48,8 @@ __all__ = [
     "set_locality",
     "set_static_inputs",
     "get_static_inputs",
+    "set_layer_order",
+    "get_layer_order",
     "get_locality",
     "locality_score",
     "NodeOrder",

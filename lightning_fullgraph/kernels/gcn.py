@@ -62,7 +62,7 @@ from torch import Tensor
 from .. import compat
 from . import gcn_reorder
 
-__all__ = ["MEMO_SIZE", "NORMALIZING_LAYERS", "applies", "normalizes", "kernel_forward",
+__all__ = ["MEMO_SIZE", "NORMALIZING_LAYERS", "SUM_NODE", "applies", "normalizes", "kernel_forward",
            "scoped_forward", "memo_scope", "route", "unroute", "normalize", "clear_memo",
            "memo_info"]
 
@@ -73,8 +73,8 @@ NORMALIZING_LAYERS = ("SGConv", "APPNP", "TAGConv", "GCN2Conv")
 #: Graphs whose normalization is kept at once (least recently used goes first).
 MEMO_SIZE = 4
 
-# The autograd node of the kernels' sum (``ops.csr_sum``): its output is fresh and unsaved.
-_SUM_NODE = "GeneratedBackwardFor_lightning_fullgraph_csr_sum_defaultBackward"
+#: The autograd node of the kernels' sum (``ops.csr_sum``): its output is fresh and unsaved.
+SUM_NODE = "GeneratedBackwardFor_lightning_fullgraph_csr_sum_defaultBackward"
 
 
 class _Entry:
@@ -256,7 +256,7 @@ def _add_bias(layer: Any, out: Tensor) -> Tensor:
     bias = layer.bias
     if bias is None:
         return out
-    if (type(out.grad_fn).__name__ == _SUM_NODE and out._base is None and out.is_contiguous()
+    if (type(out.grad_fn).__name__ == SUM_NODE and out._base is None and out.is_contiguous()
             and out.dtype == bias.dtype and out.device == bias.device and out.dim() == 2
             and bias.shape == out.shape[-1:] and not compat.hook_dicts(layer, "propagate")):
         return out.add_(bias)

@@ -7,6 +7,9 @@ second product accumulates into the first one's fresh output (BLAS with :math:`\
 equal within floating-point reassociation -- one :math:`N \times F_{out}` tensor and one pass
 over it fewer, forward and backward alike (``benchmarks/sage_fusion.py`` times both).
 
+A narrowing layer (:math:`F_{out} < F_{in}`) with sum or mean aggregation maps its rows before
+aggregating them (:mod:`.sage_reorder`).
+
 The layer's own forward runs instead whenever that could differ from what PyG does: a
 subclass with its own forward, ``root_weight=False``, a biased or replaced ``lin_r``, hooks
 that would see ``lin_r`` called (its own, or global ones), autocast (which casts each product
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import compat
+from . import sage_reorder
 
 __all__ = ["fusable", "fused_forward"]
 
@@ -67,8 +71,9 @@ def fused_forward(layer: Any, original: Callable, ignore: Tuple[Callable, ...] =
         xs = (x, x) if isinstance(x, Tensor) else x
         if layer.project and hasattr(layer, "lin"):  # as PyG does
             xs = (layer.lin(xs[0]).relu(), xs[1])
-        out = layer.propagate(edge_index, x=xs, size=size)
-        out = layer.lin_l(out)
+        out = sage_reorder.mapped_first(layer, xs, edge_index, size, ignore)
+        if out is None:  # PyG's order: aggregate, then map
+            out = layer.lin_l(layer.propagate(edge_index, x=xs, size=size))
         w = layer.lin_r.weight
         if out.shape != (x_r.size(0), w.size(0)) or out.dtype != w.dtype:
             out = out + layer.lin_r(x_r)  # PyG's own sum (and its errors)

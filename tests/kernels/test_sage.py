@@ -10,6 +10,15 @@ from torch_geometric.nn.dense.linear import Linear
 import lightning_fullgraph.kernels as K
 
 
+@pytest.fixture(autouse=True)
+def _pyg_order():
+    # The fusion in PyG's order (lin_l called as a module); narrowing layers mapping first:
+    # tests/kernels/test_sage_reorder.py.
+    K.set_layer_order("pyg")
+    yield
+    K.set_layer_order(None)
+
+
 def _graph(n=60, e=400, f=16, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, f, generator=g, dtype=dtype), torch.randint(0, n, (2, e), generator=g)
