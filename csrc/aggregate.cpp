@@ -24,6 +24,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #ifdef _OPENMP
@@ -232,13 +233,19 @@ inline void prefetch_row(const scalar_t* p, int width) {
 // WMODE: 0 no weights, 1 w[e], 2 w[wperm[e]] -- backward reads the forward's CSR-order
 // weights through the transposed CSR's positions instead of a separate gather pass that
 // permutes them first: one random 4-8 B read per edge, in flight beside the row it scales.
-template <typename scalar_t, typename out_t, typename index_t, int FB, int WMODE, bool MEAN>
+// STORE = false: the row-read floor (csr_row_read below): out is a [threads, F] acc_t buffer and
+// each row's sums are added to the calling thread's row of it instead of being stored.
+template <typename scalar_t, typename out_t, typename index_t, int FB, int WMODE, bool MEAN, bool STORE = true>
 void sum_rows(const int64_t* __restrict rowptr, const index_t* __restrict col,
               const typename Acc<scalar_t>::type* __restrict w, const index_t* __restrict wperm,
               const scalar_t* __restrict x, out_t* __restrict out, int64_t F, int64_t r0,
               int64_t r1, int64_t f0, int64_t nnz, int64_t pf_width) {
   using acc_t = typename Acc<scalar_t>::type;
   const int64_t pd = prefetch_distance(pf_width * static_cast<int64_t>(sizeof(scalar_t)));
+  int thread = 0;
+#ifdef _OPENMP
+  if constexpr (!STORE) thread = omp_get_thread_num();
+#endif
   for (int64_t r = r0; r < r1; ++r) {
     alignas(64) acc_t acc[FB];
 #pragma GCC unroll 16
@@ -258,6 +265,12 @@ void sum_rows(const int64_t* __restrict rowptr, const index_t* __restrict col,
 #pragma omp simd
         for (int k = 0; k < FB; ++k) acc[k] += load(xr[k]);
       }
+    }
+    if constexpr (!STORE) {
+      out_t* __restrict sink = out + static_cast<int64_t>(thread) * F + f0;
+#pragma omp simd
+      for (int k = 0; k < FB; ++k) sink[k] += acc[k];
+      continue;
     }
     out_t* __restrict o = out + r * F + f0;
     if (MEAN) {
@@ -290,10 +303,14 @@ void sum_rows_tail(const int64_t* rowptr, const index_t* col, const typename Acc
   }
 }
 
-template <typename scalar_t, typename out_t, typename index_t, int FB>
+template <typename scalar_t, typename out_t, typename index_t, int FB, bool STORE = true>
 void sum_dispatch_flags(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
                         const index_t* wperm, const scalar_t* x, out_t* out, int64_t F, int64_t r0,
                         int64_t r1, int64_t f0, bool mean, int64_t nnz, int64_t pf) {
+  if constexpr (!STORE) {  // the floor: unweighted sums only
+    sum_rows<scalar_t, out_t, index_t, FB, 0, false, false>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, nnz, pf);
+    return;
+  }
   // Mean is never weighted through a permutation (only backward's plain sums are).
   if (w && wperm) {
     sum_rows<scalar_t, out_t, index_t, FB, 2, false>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, nnz, pf);
@@ -309,7 +326,7 @@ void sum_dispatch_flags(const int64_t* rowptr, const index_t* col, const typenam
 // A feature segment [f_begin, f_end) is processed with the widest block that fits.
 // tiled: rows come in small tiles and the first block prefetches the whole segment of
 // each source row, so later blocks find the rest of the row in cache (wide F).
-template <typename scalar_t, typename out_t, typename index_t>
+template <typename scalar_t, typename out_t, typename index_t, bool STORE = true>
 void sum_segment_rows(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
                       const index_t* wperm, const scalar_t* x, out_t* out, int64_t F, int64_t r0,
                       int64_t r1, int64_t f_begin, int64_t f_end, bool mean, int64_t nnz, bool tiled) {
@@ -320,14 +337,15 @@ void sum_segment_rows(const int64_t* rowptr, const index_t* col, const typename 
     const int64_t blk = left >= B ? B : left >= B / 2 ? B / 2 : left >= B / 4 ? B / 4
                       : left >= B / 8 ? B / 8 : left >= B / 16 ? B / 16 : 0;
     const int64_t pf = tiled ? (f0 == f_begin ? f_end - f_begin : 0) : blk;
-    if (blk == B) sum_dispatch_flags<scalar_t, out_t, index_t, B>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 2) sum_dispatch_flags<scalar_t, out_t, index_t, B / 2>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 4) sum_dispatch_flags<scalar_t, out_t, index_t, B / 4>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 8) sum_dispatch_flags<scalar_t, out_t, index_t, B / 8>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
-    else if (blk == B / 16) sum_dispatch_flags<scalar_t, out_t, index_t, B / 16>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    if (blk == B) sum_dispatch_flags<scalar_t, out_t, index_t, B, STORE>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 2) sum_dispatch_flags<scalar_t, out_t, index_t, B / 2, STORE>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 4) sum_dispatch_flags<scalar_t, out_t, index_t, B / 4, STORE>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 8) sum_dispatch_flags<scalar_t, out_t, index_t, B / 8, STORE>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
+    else if (blk == B / 16) sum_dispatch_flags<scalar_t, out_t, index_t, B / 16, STORE>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, mean, nnz, pf);
     else {
       const int64_t width = std::min<int64_t>(left, 8);
-      sum_rows_tail<scalar_t, out_t, index_t>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, width, mean);
+      if constexpr (STORE)  // (the floor takes F % 8 == 0 only, so it never gets here)
+        sum_rows_tail<scalar_t, out_t, index_t>(rowptr, col, w, wperm, x, out, F, r0, r1, f0, width, mean);
       f0 += width;
       continue;
     }
@@ -335,20 +353,20 @@ void sum_segment_rows(const int64_t* rowptr, const index_t* col, const typename 
   }
 }
 
-template <typename scalar_t, typename out_t, typename index_t>
+template <typename scalar_t, typename out_t, typename index_t, bool STORE = true>
 void sum_segment(const int64_t* rowptr, const index_t* col, const typename Acc<scalar_t>::type* w,
                  const index_t* wperm, const scalar_t* x, out_t* out, int64_t F, int64_t r0,
                  int64_t r1, int64_t f_begin, int64_t f_end, bool mean, int64_t nnz) {
   constexpr int B = max_block<scalar_t>();
   if (f_end - f_begin <= B) {
-    sum_segment_rows<scalar_t, out_t, index_t>(rowptr, col, w, wperm, x, out, F, r0, r1, f_begin, f_end, mean, nnz,
-                                               false);
+    sum_segment_rows<scalar_t, out_t, index_t, STORE>(rowptr, col, w, wperm, x, out, F, r0, r1, f_begin, f_end, mean,
+                                                      nnz, false);
     return;
   }
   constexpr int64_t kRowTile = 16;  // ~16 rows x 16 edges x 1 KiB source rows stay in L2
   for (int64_t rt = r0; rt < r1; rt += kRowTile)
-    sum_segment_rows<scalar_t, out_t, index_t>(rowptr, col, w, wperm, x, out, F, rt, std::min(r1, rt + kRowTile),
-                                               f_begin, f_end, mean, nnz, true);
+    sum_segment_rows<scalar_t, out_t, index_t, STORE>(rowptr, col, w, wperm, x, out, F, rt,
+                                                      std::min(r1, rt + kRowTile), f_begin, f_end, mean, nnz, true);
 }
 
 // Task grid: row chunks x feature groups. Feature groups only when row chunks alone
@@ -774,6 +792,44 @@ _Pragma("omp simd reduction(+ : s)")
   return out;
 }
 
+// ---------------------------------------------------------------- row-read floor
+// csr_sum without its output: the same task grid, feature blocks, tiles and prefetching read
+// every edge's source row in CSR order, and each row's sums are added to a [threads, F] buffer
+// that stays in cache instead of being written out. Its time is the floor under csr_sum in this
+// order on this machine (csr_sum adds only the output rows, each written once). Benchmarks time it
+// beside csr_sum (benchmarks/kernels.py, benchmarks/layers.py); training never calls it.
+torch::Tensor csr_row_read(torch::Tensor rowptr, torch::Tensor col, torch::Tensor x) {
+  check_inputs("csr_row_read", rowptr, col, x);
+  const auto st = x.scalar_type();
+  TORCH_CHECK_VALUE(st == torch::kFloat || st == torch::kDouble || st == torch::kBFloat16,
+                    "csr_row_read: x must be float32, float64 or bfloat16, got ", st);
+  TORCH_CHECK_VALUE(x.size(1) % 8 == 0, "csr_row_read: the feature width must be a multiple of 8, got ", x.size(1));
+  const int64_t max_row = validate_csr("csr_row_read", rowptr, col, x.size(0));
+  const int64_t n = rowptr.numel() - 1, F = x.size(1), nnz = col.numel();
+  int threads = num_threads();
+#ifdef _OPENMP
+  threads = std::max(threads, omp_get_max_threads());  // one sink row per thread the grid can use
+#endif
+  const auto acc = st == torch::kDouble ? torch::kDouble : torch::kFloat;
+  auto sums = torch::zeros({threads, F}, x.options().dtype(acc));
+  if (n == 0 || F == 0) return sums;
+  AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "csr_row_read_idx", [&] {
+    const int64_t* rp = rowptr.data_ptr<int64_t>();
+    const index_t* cp = col.data_ptr<index_t>();
+    auto run = [&](auto* xp, auto* sp) {
+      using scalar_t = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+      using acc_t = std::remove_pointer_t<decltype(sp)>;
+      for_each_task(make_grid<scalar_t>(rp, n, F, max_row), F, [&](int64_t r0, int64_t r1, int64_t fb, int64_t fe) {
+        sum_segment<scalar_t, acc_t, index_t, false>(rp, cp, nullptr, nullptr, xp, sp, F, r0, r1, fb, fe, false, nnz);
+      });
+    };
+    if (st == torch::kFloat) run(x.data_ptr<float>(), sums.data_ptr<float>());
+    else if (st == torch::kDouble) run(x.data_ptr<double>(), sums.data_ptr<double>());
+    else run(x.data_ptr<c10::BFloat16>(), sums.data_ptr<float>());
+  });
+  return sums;
+}
+
 // ---------------------------------------------------------------- permuted values
 // out[i] = values[perm[i]]: per-edge weights from input order to CSR order (forward; backward
 // reads them through the transposed CSR's positions inside csr_sum instead). A permutation of
@@ -863,4 +919,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("csr_max", &csr_max, "CSR max aggregation with arg-max");
   m.def("csr_edge_dot", &csr_edge_dot, "per-edge dot product (SDDMM)");
   m.def("take_values", &take_values, "values[perm] for 1-D values (prefetching gather)");
+  m.def("csr_row_read", &csr_row_read,
+        "read every edge's source row as csr_sum does, write only [threads, F] sums (the gather's floor)");
 }
