@@ -33,6 +33,26 @@ shared machine both the bandwidths and the timings move, and ratios measured in 
 run are the meaningful numbers. It also times epochs of a 2-layer GCN and GraphSAGE with
 and without the backend (first epoch and best/median of the following ones, both).
 
+**The floor of the row gather** (contender ``row_read_floor``): the C++ kernels' gather with
+nothing written, ``csr_row_read`` of the extension (the same task grid, feature blocks and
+prefetching as ``csr_sum``; each row's sums go to a per-thread buffer that stays in cache). It
+reads every edge's source row in the order ours' kernel does (for a graph the kernels number
+for locality, that order, i.e. the floor of ``ours_kernel_in_order``), forward over the CSR and
+backward over its transpose, so ``ours / floor`` is what the output rows and the rest of ours
+cost beyond reading the rows. What reading them takes is set by the machine (how many misses a
+core keeps in flight) and the graph (how many rows come from cache).
+
+**What a cache could save at most** (random graphs): where the edges are drawn independently,
+as in the ``uniform``, ``powerlaw``, ``skewed`` and ``small`` cases, the best any cache can do,
+whatever the order of the edges, is to hold the most used source rows (the independent
+reference model). ``hot_set_fraction`` is the fraction of edges whose source is among the
+``cache_bytes() / (F * 4)`` most used sources, ``cache_bytes()`` being every CPU cache of the
+machine (sysfs). If those reads cost nothing and every other read stayed at the floor's rate,
+the forward would reach ``floor's minimum-bytes share / (1 - hot_set_fraction)``: the
+``reachable_minimum_pct_copy`` bound. A graph with locality (``torus``) is not bound by it:
+neighbouring destinations share sources, and an order that keeps them together turns most
+reads into hits.
+
 A third reference is the rate at which torch's own ``index_select`` reads uniformly random
 rows of ``x`` (what an aggregation over a graph without locality has to do, by a method that
 is not ours). The cases: random power-law graphs (``powerlaw``, ``skewed``, ``small``) and a
@@ -235,6 +255,69 @@ def byte_models(csr, f: int, itemsize: int = 4, weighted: bool = False) -> dict:
     return dict(per_edge=per_edge, minimum=minimum, used_sources=used)
 
 
+def cache_bytes() -> Optional[int]:
+    """Bytes of every data or unified CPU cache of this machine, each shared cache counted once
+    (Linux sysfs); ``None`` where sysfs does not say."""
+    import glob
+
+    seen = {}
+    for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            with open(f"{d}/type") as fh:
+                kind = fh.read().strip()
+            with open(f"{d}/level") as fh:
+                level = fh.read().strip()
+            with open(f"{d}/shared_cpu_list") as fh:
+                shared = fh.read().strip()
+            with open(f"{d}/size") as fh:
+                size = fh.read().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:].upper(), 1)
+        seen[(level, shared)] = int(size.rstrip("KMGkmg")) * unit
+    return sum(seen.values()) or None
+
+
+def hot_set_fraction(col: torch.Tensor, num_src: int, rows: int) -> float:
+    """Fraction of the edges (entries of ``col``) whose source is among the ``rows`` most used
+    sources: the most a cache of ``rows`` rows can serve when edges are drawn independently."""
+    if col.numel() == 0:
+        return 0.0
+    counts = torch.bincount(col.long(), minlength=num_src)
+    k = max(0, min(int(rows), num_src))
+    return float(counts.topk(k).values.sum()) / col.numel() if k else 0.0
+
+
+class RowReadFloor(torch.autograd.Function):
+    """The row gather alone (the extension's ``csr_row_read``): forward reads every edge's source
+    row over ``(rowptr, col)``, backward over the transposed ``(t_rowptr, t_col)``; nothing is
+    written, and the input comes back unchanged (its gradient too). Times what a kernel that
+    reads one row per edge in this order needs at least on this machine."""
+
+    @staticmethod
+    def forward(ctx, x, rowptr, col, t_rowptr, t_col):
+        from lightning_fullgraph.kernels import cpp
+
+        ctx.mod = cpp.load()
+        ctx.transposed = (t_rowptr, t_col)
+        ctx.mod.csr_row_read(rowptr, col, x.contiguous())
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        ctx.mod.csr_row_read(*ctx.transposed, grad)
+        return grad, None, None, None, None
+
+
+def row_read_floor(x: torch.Tensor, csr) -> torch.Tensor:
+    """:class:`RowReadFloor` over a :class:`~lightning_fullgraph.kernels.CSRGraph` (in its own
+    numbering: for a graph numbered for locality, the order the kernels read it in)."""
+    return RowReadFloor.apply(x, csr.rowptr, csr.col, csr.t_rowptr, csr.t_col)
+
+
 # --------------------------------------------------------------------------- methods
 
 
@@ -317,6 +400,11 @@ def make_methods(edge_index: torch.Tensor, n: int):
 
     methods["ours_check_every_call"] = fresh_views
 
+    from lightning_fullgraph.kernels import cpp
+
+    if cpp.load() is not None:  # the floor under ours' kernel (see the module docstring)
+        methods["row_read_floor"] = lambda x: row_read_floor(x, csr)
+
     # Ours on bfloat16 rows (mixed precision: what a layer's linear map gives under
     # autocast), summed in float32, a bfloat16 output; the copy of x (and of the fwd+bwd
     # leaf, whose gradient is bfloat16 too) is made once per input, untimed after the warm-up.
@@ -378,6 +466,8 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
           f"{bw['read_median'] / 1e9:.1f})" + (f"; validation pass {vpass[0] * 1e3:.1f} ms" if vpass[0] else ""),
           flush=True)
     methods = {k: v for k, v in make_methods(ei, n).items() if k in args.methods}
+    caches = cache_bytes()
+    random_graph = s_skew != "torus"  # edges drawn independently: the hot-set bound applies
     rows = []
     for f in features:
         x = torch.randn(n, f)
@@ -385,6 +475,8 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
         grad = torch.randn(n, f)
         models = byte_models(csr, f)
         models_bf16 = byte_models(csr, f, itemsize=2)
+        hot_rows = caches // (f * 4) if caches else None
+        hot = hot_set_fraction(csr.col, csr.num_src, hot_rows) if hot_rows and random_graph else None
         # Bandwidths again for this F, right before its timings (the load moves).
         bwf = bandwidths(repeats=5)
         bwf["gather"] = random_row_read(x, repeats=3)
@@ -395,7 +487,8 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
                        per_edge_bytes=m["per_edge"], minimum_bytes=m["minimum"],
                        used_sources=models["used_sources"], threads=bwf["threads"],
                        copy_best_gbs=bwf["copy_best"] / 1e9, read_best_gbs=bwf["read_best"] / 1e9,
-                       torch_gather_gbs=bwf["gather"] / 1e9, load_avg_before=os.getloadavg()[0], **locality_info)
+                       torch_gather_gbs=bwf["gather"] / 1e9, load_avg_before=os.getloadavg()[0],
+                       cache_bytes=caches, hot_set_rows=hot_rows, hot_set_fraction=hot, **locality_info)
             # Gather/scatter paths materialise E x F messages (and their gradient in
             # backward); skip what cannot fit in the memory available right now (with
             # headroom: the machine may be shared).
@@ -439,6 +532,7 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
                 row[f"{model}_gbs"] = gbs
                 row[f"{model}_pct_copy"] = 100 * gbs / row["copy_best_gbs"]
                 row[f"{model}_pct_read"] = 100 * gbs / row["read_best_gbs"]
+        add_floor_ratios([r for r in rows if r["F"] == f])
         print(f"# F={f}: load {bwf['load_avg'][0]:.2f}, copy {bwf['copy_best'] / 1e9:.1f} GB/s, read "
               f"{bwf['read_best'] / 1e9:.1f} GB/s (best of 5, {bwf['threads']} threads); torch index_select of "
               f"random rows {bwf['gather'] / 1e9:.1f} GB/s", flush=True)
@@ -468,6 +562,23 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
     return rows, info
 
 
+def add_floor_ratios(group: List[dict]) -> None:
+    """For one case and F: ours' time over the row-read floor's (``ours_over_floor``, forward and
+    forward+backward, on ours' row), and on the floor's row the minimum-bytes share that the
+    forward could reach at most if the hot set's reads were free (``reachable_minimum_pct_copy``,
+    random graphs only; see the module docstring)."""
+    by = {r["method"]: r for r in group if r.get("fwd_best_s")}
+    ours, floor = by.get("ours"), by.get("row_read_floor")
+    if not (ours and floor):
+        return
+    ours["ours_over_floor_fwd"] = ours["fwd_best_s"] / floor["fwd_best_s"]
+    if ours.get("fwd_bwd_best_s") and floor.get("fwd_bwd_best_s"):
+        ours["ours_over_floor_fwd_bwd"] = ours["fwd_bwd_best_s"] / floor["fwd_bwd_best_s"]
+    h = floor.get("hot_set_fraction")
+    if h is not None and h < 1:
+        floor["reachable_minimum_pct_copy"] = floor["minimum_pct_copy"] / (1 - h)
+
+
 HEADER = (f"{'case':>9} {'F':>4} {'method':>22} {'fwd best/med [s]':>17} {'fwd+bwd best/med [s]':>21} | "
           f"{'per-edge GB/s %copy %read':>25} | {'minimum GB/s %copy %read':>24}")
 
@@ -487,13 +598,17 @@ def markdown_table(rows: List[dict], case_info: List[dict]) -> str:
     """The README table: seconds fwd / fwd+bwd (best of R) per contender, and ours' forward
     bandwidth under both byte models against the copy and read bandwidths measured for that F."""
     methods = [m for m in ("pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_own_order", "ours_kernel_in_order",
-                           "ours_check_every_call") if any(r["method"] == m for r in rows)]
+                           "ours_check_every_call", "row_read_floor") if any(r["method"] == m for r in rows)]
     names = {"pyg": "PyG gather-scatter", "sparse_csr_mm": "`torch.sparse.mm` CSR", "torch_scatter": "torch-scatter",
              "ours": "ours", "ours_own_order": "ours, graph's own node order",
              "ours_kernel_in_order": "ours, kernel only (rows already in the order)",
-             "ours_check_every_call": "ours, validating every call"}
+             "ours_check_every_call": "ours, validating every call",
+             "row_read_floor": "row reads alone (floor)"}
+    floors = any(r["method"] == "row_read_floor" for r in rows)
     head = ["case", "F", "load; copy / read / torch random-row GB/s"] + [names[m] for m in methods] + [
-        "ours fwd, per-edge bytes: GB/s (% copy / % read)", "ours fwd, minimum bytes: GB/s (% copy / % read)"]
+        "ours fwd, per-edge bytes: GB/s (% copy / % read)", "ours fwd, minimum bytes: GB/s (% copy / % read)"] + (
+        ["ours / floor, fwd (fwd+bwd)", "minimum bytes, % copy: floor; hot set h; reachable ≤ floor / (1 - h)"]
+        if floors else [])
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     keys = list(dict.fromkeys((r["case"], r["F"]) for r in rows))
     last_case = None
@@ -517,6 +632,20 @@ def markdown_table(rows: List[dict], case_info: List[dict]) -> str:
                       f"{ours['minimum_gbs']:.1f} ({ours['minimum_pct_copy']:.0f} % / {ours['minimum_pct_read']:.0f} %)"]
         else:
             cells += ["-", "-"]
+        if floors:
+            floor = group.get("row_read_floor") or {}
+            if ours and ours.get("ours_over_floor_fwd"):
+                fb = ours.get("ours_over_floor_fwd_bwd")
+                cells.append(f"{ours['ours_over_floor_fwd']:.2f}" + (f" ({fb:.2f})" if fb else ""))
+            else:
+                cells.append("-")
+            if floor.get("minimum_pct_copy") is not None:
+                h, reach = floor.get("hot_set_fraction"), floor.get("reachable_minimum_pct_copy")
+                bound = (f"{h:.2f}; ≤ {reach:.0f} %" if reach is not None
+                         else "1: every row fits in cache" if h is not None else "locality: not bounded")
+                cells.append(f"{floor['minimum_pct_copy']:.0f} %; {bound}")
+            else:
+                cells.append("-")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -526,7 +655,8 @@ def plot(rows: List[dict], path: str) -> None:
     bandwidth by minimum bytes and by per-edge bytes (% of the copy bandwidth measured right
     before that F), and ours' forward speed-up over each other contender. Where the graph was
     timed with its rows already in the locality order (``ours_kernel_in_order``), that line is
-    drawn too, dashed. Written to ``path`` (PNG)."""
+    drawn too, dashed; where the row-read floor ran on a random graph, the bound on what any
+    order could reach (``reachable_minimum_pct_copy``) dotted. Written to ``path`` (PNG)."""
     import matplotlib
     import matplotlib.ticker
 
@@ -555,6 +685,9 @@ def plot(rows: List[dict], path: str) -> None:
             fs, vs = series(c, "ours_kernel_in_order", key)
             if fs:
                 ax.plot(fs, vs, "s--", color=colors[c], label=f"{c}, rows pre-ordered")
+            fs, vs = series(c, "row_read_floor", "reachable_minimum_pct_copy")
+            if fs and ax is axes[0]:
+                ax.plot(fs, vs, "x:", color=colors[c], label=f"{c}: reachable (floor, hot set free)")
         if ax is axes[0]:
             ax.axhline(30, color="grey", lw=0.8, label="30 % of copy")
         ax.set_ylabel("ours, forward: % of copy bandwidth")
@@ -580,7 +713,8 @@ def plot(rows: List[dict], path: str) -> None:
         ax.set_xticks(widths, [str(f) for f in widths])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("feature width F (float32)")
-        ax.legend(fontsize=6, ncol=2 if ax is axes[2] else 1)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, ncol=2 if ax is axes[2] else 1)
     axes[0].set_ylim(bottom=0)
     axes[1].set_ylim(bottom=0)
     fig.tight_layout()
@@ -703,7 +837,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                    help=f"feature widths for every case (default per case: {CASE_FEATURES})")
     p.add_argument("--methods", nargs="+",
                    default=["pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_own_order", "ours_kernel_in_order",
-                            "ours_check_every_call", "ours_bf16"])
+                            "ours_check_every_call", "ours_bf16", "row_read_floor"])
     p.add_argument("--repeats", type=int, default=3, help="timed runs per contender (after one warm-up), all alike")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end GCN/GraphSAGE epochs")

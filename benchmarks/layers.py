@@ -26,12 +26,20 @@ median of R:
   term accumulated (``kernels.sage``) -- the dense side as it runs with the kernels. One
   difference stays: GCN's bias goes into the kernels' fresh aggregation in place, but the free
   ``propagate`` returns the linear layer's output, to which it is added out of place.
+* ``row_read_floor``: as ``no_aggregation_ours``, but the stand-in ``propagate`` reads every
+  edge's source row as the kernels would, forward over the layer's CSR and backward over its
+  transpose, and writes nothing (``kernels.row_read_floor``: the C++ kernels' gather without
+  output; GCN's edge weights, 4 bytes an edge, are not read). Its time is the step of a layer
+  whose aggregation took only the reading of its rows: no kernel that reads one source row per
+  edge in this order can make ``ours`` faster than that on this machine.
 
 Reported per layer: ``speedup = pyg / ours``; the Amdahl ceiling ``pyg / no_aggregation``
 (the speedup if aggregation took no time at all); and the fraction of that ceiling reached,
 ``speedup / ceiling = no_aggregation / ours``; the same two against ``no_aggregation_ours``
 (``ceiling_ours_dense``, ``fraction_of_ceiling_ours_dense``): the ceiling raised by the
-kernels' dense side, and how close the aggregation lets the layer come to it. The warm-up step doubles as a correctness
+kernels' dense side, and how close the aggregation lets the layer come to it; and
+``fraction_of_ceiling_at_floor = no_aggregation / row_read_floor``, the fraction of the ceiling
+a layer would reach if its aggregations took no more than reading their rows. The warm-up step doubles as a correctness
 check: ``ours``' output and gradients are compared with ``pyg``'s (max abs diff in the JSON).
 One further step of each variant runs under ``torch.profiler``; its ops' *self* CPU times
 are summed into categories (aggregation / dense / other, by op name, see ``categorize``)
@@ -70,11 +78,11 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernels import best_median, mem_available, power_law_graph, timeit  # noqa: E402
+from kernels import best_median, mem_available, power_law_graph, row_read_floor, timeit  # noqa: E402
 
 import lightning_fullgraph.kernels as K  # noqa: E402
 
-VARIANTS = ("pyg", "ours", "no_aggregation", "no_aggregation_ours")
+VARIANTS = ("pyg", "ours", "no_aggregation", "no_aggregation_ours", "row_read_floor")
 LAYERS = ("gcn", "sage")
 
 # Profiler categories, matched against op names. Aggregation: our ops and PyG's gather /
@@ -128,14 +136,26 @@ class _FreePropagate:
         return x_src
 
 
+class _FloorPropagate(_FreePropagate):
+    """:class:`_FreePropagate` that first reads every edge's source row, as the kernels would,
+    over the CSR of the ``edge_index`` it gets (the kernels' cached one), and over its transpose
+    in backward (``kernels.row_read_floor``)."""
+
+    def __call__(self, edge_index: Tensor, size: Optional[Tuple[int, int]] = None, **kwargs: Any) -> Tensor:
+        x_src = super().__call__(edge_index, size, **kwargs)
+        csr = K.get_csr(edge_index, x_src.size(0), x_src.size(0))
+        return row_read_floor(x_src, csr)
+
+
 _MISSING = object()
 
 
 @contextmanager
-def free_aggregation(conv: torch.nn.Module) -> Iterator[_FreePropagate]:
-    """Replace ``conv``'s per-instance ``propagate`` by :class:`_FreePropagate`, restored on exit."""
+def free_aggregation(conv: torch.nn.Module, floor: bool = False) -> Iterator[_FreePropagate]:
+    """Replace ``conv``'s per-instance ``propagate`` by :class:`_FreePropagate` (``floor``:
+    :class:`_FloorPropagate`), restored on exit."""
     saved = conv.__dict__.get("propagate", _MISSING)
-    fake = _FreePropagate()
+    fake = _FloorPropagate() if floor else _FreePropagate()
     conv.__dict__["propagate"] = fake  # instance attribute shadows the class's (jinja) propagate
     try:
         yield fake
@@ -153,12 +173,12 @@ def variant(name: str, conv: torch.nn.Module) -> Iterator[None]:
         # use(None) also removes the wrappers use("auto") installed, so pyg and
         # no_aggregation see the layer exactly as PyG ships it.
         stack.enter_context(K.use("auto" if name == "ours" else None))
-        if name == "no_aggregation_ours":
+        if name in ("no_aggregation_ours", "row_read_floor"):
             # The kernels' forward, pinned on this layer (no global hook that would wrap the
             # free propagate below); reverted on exit.
             stack.enter_context(K.accelerate(conv, backend="auto"))
-        if name.startswith("no_aggregation"):
-            stack.enter_context(free_aggregation(conv))
+        if name.startswith("no_aggregation") or name == "row_read_floor":
+            stack.enter_context(free_aggregation(conv, floor=name == "row_read_floor"))
         yield
 
 
@@ -249,6 +269,9 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
     tol = CHECK_TOL_AMP if args.autocast == "bf16" else CHECK_TOL
     active = list(VARIANTS)
     row["variants"] = {name: {} for name in VARIANTS}
+    if not K.cpp_available():  # the floor is the C++ kernels' gather
+        active.remove("row_read_floor")
+        row["variants"]["row_read_floor"]["note"] = "row_read_floor skipped: no C++ kernels"
     need, avail = pyg_bytes(layer, n, e, f), mem_available()
     if need >= avail:  # with headroom: the machine may be shared
         active.remove("pyg")
@@ -264,7 +287,7 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
             row["variants"][name]["first_step_s"] = time.perf_counter() - t
             if name == "ours":
                 row["ours_wrapped"] = K.is_accelerated(conv)
-            if name.startswith("no_aggregation"):
+            if name.startswith("no_aggregation") or name == "row_read_floor":
                 row[f"{name}_calls"] = conv.propagate.calls  # 1: the stand-in really ran
     if "pyg" in results and "ours" in results:
         check = compare(results["ours"], results["pyg"], tol)
@@ -313,6 +336,9 @@ def add_ratios(row: dict) -> None:
     row["fraction_of_ceiling"] = free / ours if free and ours else None
     row["ceiling_ours_dense"] = pyg / free_ours if pyg and free_ours else None
     row["fraction_of_ceiling_ours_dense"] = free_ours / ours if free_ours and ours else None
+    floor = v.get("row_read_floor")
+    row["fraction_of_ceiling_at_floor"] = free / floor if free and floor else None
+    row["ours_over_floor"] = ours / floor if ours and floor else None
     # Aggregation's share of each step by subtraction, to compare with the profile's.
     for name in ("pyg", "ours"):
         if v.get(name) and free:
@@ -331,8 +357,8 @@ def _x(value: Optional[float], fmt: str = "x{:.2f}") -> str:
 
 
 HEADER = (f"{'layer':>5} {'pyg best/med [s]':>17} {'ours best/med [s]':>18} {'no_agg best/med [s]':>20} "
-          f"{'no_agg_ours b/m [s]':>20} {'speedup':>8} {'ceiling':>8} {'of ceil':>8} {'ceil*':>8} "
-          f"{'of ceil*':>8} {'max|diff|':>10}")
+          f"{'no_agg_ours b/m [s]':>20} {'floor b/m [s]':>14} {'speedup':>8} {'ceiling':>8} {'of ceil':>8} "
+          f"{'ceil*':>8} {'of ceil*':>8} {'@floor':>7} {'max|diff|':>10}")
 
 
 def fmt_row(row: dict) -> str:
@@ -340,9 +366,10 @@ def fmt_row(row: dict) -> str:
     diff = row.get("check_ours_vs_pyg", {}).get("out", {}).get("max_abs_diff")
     notes = "; ".join(r["note"] for r in v.values() if r.get("note"))
     return (f"{row['layer']:>5} {_sec(v['pyg']):>17} {_sec(v['ours']):>18} {_sec(v['no_aggregation']):>20} "
-            f"{_sec(v['no_aggregation_ours']):>20} {_x(row['speedup']):>8} {_x(row['ceiling']):>8} "
-            f"{_x(row['fraction_of_ceiling'], '{:.0%}'):>8} {_x(row['ceiling_ours_dense']):>8} "
-            f"{_x(row['fraction_of_ceiling_ours_dense'], '{:.0%}'):>8} {_x(diff, '{:.1e}'):>10}  {notes}")
+            f"{_sec(v['no_aggregation_ours']):>20} {_sec(v['row_read_floor']):>14} {_x(row['speedup']):>8} "
+            f"{_x(row['ceiling']):>8} {_x(row['fraction_of_ceiling'], '{:.0%}'):>8} "
+            f"{_x(row['ceiling_ours_dense']):>8} {_x(row['fraction_of_ceiling_ours_dense'], '{:.0%}'):>8} "
+            f"{_x(row['fraction_of_ceiling_at_floor'], '{:.0%}'):>7} {_x(diff, '{:.1e}'):>10}  {notes}")
 
 
 def print_profile(row: dict) -> None:
@@ -357,8 +384,9 @@ def print_profile(row: dict) -> None:
 
 def markdown_table(rows: List[dict]) -> str:
     head = ["layer", "graph", "load", "pyg [s]", "ours [s]", "no aggregation [s]",
-            "no aggregation, kernels' forward [s]", "speedup pyg/ours", "ceiling pyg/no-agg",
-            "fraction of ceiling", "ceiling with the kernels' forward", "fraction of that ceiling",
+            "no aggregation, kernels' forward [s]", "kernels' forward, aggregation = row reads alone [s]",
+            "speedup pyg/ours", "ceiling pyg/no-agg", "fraction of ceiling", "ceiling with the kernels' forward",
+            "fraction of that ceiling", "fraction of ceiling at the row-read floor",
             "aggregation share of ours' profile"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     names = {"gcn": "GCNConv", "sage": "SAGEConv"}
@@ -368,9 +396,10 @@ def markdown_table(rows: List[dict]) -> str:
                  f"{r['nodes'] / 1e6:g}M / {r['edges'] / 1e6:g}M", f"{r['load_avg_before'][0]:.1f}"]
         for name in VARIANTS:
             cells.append(f"{v[name]['best_s']:.3f} ({v[name]['median_s']:.3f})" if v[name].get("best_s") is not None
-                         else "not run (memory)")
+                         else "not run (memory)" if name == "pyg" else "not run")
         cells += [_x(r["speedup"]), _x(r["ceiling"]), _x(r["fraction_of_ceiling"], "{:.0%}"),
-                  _x(r["ceiling_ours_dense"]), _x(r["fraction_of_ceiling_ours_dense"], "{:.0%}")]
+                  _x(r["ceiling_ours_dense"]), _x(r["fraction_of_ceiling_ours_dense"], "{:.0%}"),
+                  _x(r.get("fraction_of_ceiling_at_floor"), "{:.0%}")]
         prof = r.get("profile", {}).get("ours")
         cells.append(f"{prof['categories_pct']['aggregation']:.0f} %" if prof else "-")
         out.append("| " + " | ".join(cells) + " |")

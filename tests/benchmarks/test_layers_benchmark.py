@@ -40,6 +40,11 @@ def test_tiny_run(tmp_path):
         assert row["no_aggregation_calls"] == 1 and row["no_aggregation_ours_calls"] == 1
         v = row["variants"]
         names = ("pyg", "ours", "no_aggregation", "no_aggregation_ours")
+        if res["machine"]["cpp_available"]:  # the floor is the C++ kernels' gather
+            names += ("row_read_floor",)
+            assert row["row_read_floor_calls"] == 1
+            assert row["fraction_of_ceiling_at_floor"] == pytest.approx(
+                v["no_aggregation"]["best_s"] / v["row_read_floor"]["best_s"])
         assert all(v[name]["best_s"] > 0 for name in names)
         assert row["speedup"] == pytest.approx(v["pyg"]["best_s"] / v["ours"]["best_s"])
         assert row["fraction_of_ceiling"] == pytest.approx(row["speedup"] / row["ceiling"])
