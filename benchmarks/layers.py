@@ -39,7 +39,10 @@ Reported per layer: ``speedup = pyg / ours``; the Amdahl ceiling ``pyg / no_aggr
 (``ceiling_ours_dense``, ``fraction_of_ceiling_ours_dense``): the ceiling raised by the
 kernels' dense side, and how close the aggregation lets the layer come to it; and
 ``fraction_of_ceiling_at_floor = no_aggregation / row_read_floor``, the fraction of the ceiling
-a layer would reach if its aggregations took no more than reading their rows. The warm-up step doubles as a correctness
+a layer would reach if its aggregations took no more than reading their rows; and
+``fraction_of_ceiling_bound``, the same if moreover the reads of the rows a cache of this
+machine's size could hold (``hot_set_fraction``, see ``benchmarks/kernels.py``) cost nothing:
+for a graph whose edges are drawn independently, as here, no order of them does better. The warm-up step doubles as a correctness
 check: ``ours``' output and gradients are compared with ``pyg``'s (max abs diff in the JSON).
 One further step of each variant runs under ``torch.profiler``; its ops' *self* CPU times
 are summed into categories (aggregation / dense / other, by op name, see ``categorize``)
@@ -78,7 +81,8 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernels import best_median, mem_available, power_law_graph, row_read_floor, timeit  # noqa: E402
+from kernels import (best_median, cache_bytes, hot_set_fraction, mem_available, power_law_graph,  # noqa: E402
+                     row_read_floor, timeit)
 
 import lightning_fullgraph.kernels as K  # noqa: E402
 
@@ -141,10 +145,12 @@ class _FloorPropagate(_FreePropagate):
     over the CSR of the ``edge_index`` it gets (the kernels' cached one), and over its transpose
     in backward (``kernels.row_read_floor``)."""
 
+    csr = None  # the structure read in the last call
+
     def __call__(self, edge_index: Tensor, size: Optional[Tuple[int, int]] = None, **kwargs: Any) -> Tensor:
         x_src = super().__call__(edge_index, size, **kwargs)
-        csr = K.get_csr(edge_index, x_src.size(0), x_src.size(0))
-        return row_read_floor(x_src, csr)
+        self.csr = K.get_csr(edge_index, x_src.size(0), x_src.size(0))
+        return row_read_floor(x_src, self.csr)
 
 
 _MISSING = object()
@@ -289,6 +295,8 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
                 row["ours_wrapped"] = K.is_accelerated(conv)
             if name.startswith("no_aggregation") or name == "row_read_floor":
                 row[f"{name}_calls"] = conv.propagate.calls  # 1: the stand-in really ran
+            if name == "row_read_floor":
+                row["hot_set_fraction"] = layer_hot_set(conv.propagate.csr, f)
     if "pyg" in results and "ours" in results:
         check = compare(results["ours"], results["pyg"], tol)
         row["check_ours_vs_pyg"] = check
@@ -326,6 +334,18 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
     return row
 
 
+def layer_hot_set(csr, features: int) -> Optional[float]:
+    """The most a cache of this machine's size could serve of the rows a step reads: the mean,
+    over forward (sources, ``col``) and backward (destinations, ``t_col``; as many edges), of
+    the fraction of edges whose row is among the ``cache_bytes() / (F * 4)`` most used (see
+    ``benchmarks/kernels.py``: a bound for graphs whose edges are drawn independently)."""
+    caches = cache_bytes()
+    if not caches or csr is None:
+        return None
+    rows = caches // (features * 4)
+    return (hot_set_fraction(csr.col, csr.num_src, rows) + hot_set_fraction(csr.t_col, csr.num_dst, rows)) / 2
+
+
 def add_ratios(row: dict) -> None:
     """speedup, Amdahl ceiling and fraction of it, from the best times (None where a variant is missing)."""
     v = {k: r.get("best_s") for k, r in row["variants"].items()}
@@ -339,6 +359,12 @@ def add_ratios(row: dict) -> None:
     floor = v.get("row_read_floor")
     row["fraction_of_ceiling_at_floor"] = free / floor if free and floor else None
     row["ours_over_floor"] = ours / floor if ours and floor else None
+    # If the hot set's reads cost nothing (and the rest stayed at the floor's rate): the
+    # fraction of the ceiling no order of a random graph's edges could beat.
+    h = row.get("hot_set_fraction")
+    if free and floor and free_ours and h is not None:
+        reads = max(0.0, floor - free_ours)
+        row["fraction_of_ceiling_bound"] = free / (free_ours + reads * (1 - h))
     # Aggregation's share of each step by subtraction, to compare with the profile's.
     for name in ("pyg", "ours"):
         if v.get(name) and free:
@@ -358,7 +384,7 @@ def _x(value: Optional[float], fmt: str = "x{:.2f}") -> str:
 
 HEADER = (f"{'layer':>5} {'pyg best/med [s]':>17} {'ours best/med [s]':>18} {'no_agg best/med [s]':>20} "
           f"{'no_agg_ours b/m [s]':>20} {'floor b/m [s]':>14} {'speedup':>8} {'ceiling':>8} {'of ceil':>8} "
-          f"{'ceil*':>8} {'of ceil*':>8} {'@floor':>7} {'max|diff|':>10}")
+          f"{'ceil*':>8} {'of ceil*':>8} {'@floor':>7} {'bound':>6} {'max|diff|':>10}")
 
 
 def fmt_row(row: dict) -> str:
@@ -369,7 +395,8 @@ def fmt_row(row: dict) -> str:
             f"{_sec(v['no_aggregation_ours']):>20} {_sec(v['row_read_floor']):>14} {_x(row['speedup']):>8} "
             f"{_x(row['ceiling']):>8} {_x(row['fraction_of_ceiling'], '{:.0%}'):>8} "
             f"{_x(row['ceiling_ours_dense']):>8} {_x(row['fraction_of_ceiling_ours_dense'], '{:.0%}'):>8} "
-            f"{_x(row['fraction_of_ceiling_at_floor'], '{:.0%}'):>7} {_x(diff, '{:.1e}'):>10}  {notes}")
+            f"{_x(row['fraction_of_ceiling_at_floor'], '{:.0%}'):>7} "
+            f"{_x(row.get('fraction_of_ceiling_bound'), '{:.0%}'):>6} {_x(diff, '{:.1e}'):>10}  {notes}")
 
 
 def print_profile(row: dict) -> None:
@@ -387,7 +414,7 @@ def markdown_table(rows: List[dict]) -> str:
             "no aggregation, kernels' forward [s]", "kernels' forward, aggregation = row reads alone [s]",
             "speedup pyg/ours", "ceiling pyg/no-agg", "fraction of ceiling", "ceiling with the kernels' forward",
             "fraction of that ceiling", "fraction of ceiling at the row-read floor",
-            "aggregation share of ours' profile"]
+            "… and with the hot set's reads free (hot set h)", "aggregation share of ours' profile"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     names = {"gcn": "GCNConv", "sage": "SAGEConv"}
     for r in rows:
@@ -399,7 +426,8 @@ def markdown_table(rows: List[dict]) -> str:
                          else "not run (memory)" if name == "pyg" else "not run")
         cells += [_x(r["speedup"]), _x(r["ceiling"]), _x(r["fraction_of_ceiling"], "{:.0%}"),
                   _x(r["ceiling_ours_dense"]), _x(r["fraction_of_ceiling_ours_dense"], "{:.0%}"),
-                  _x(r.get("fraction_of_ceiling_at_floor"), "{:.0%}")]
+                  _x(r.get("fraction_of_ceiling_at_floor"), "{:.0%}"),
+                  _x(r.get("fraction_of_ceiling_bound"), "{:.0%}") + _x(r.get("hot_set_fraction"), " ({:.2f})")]
         prof = r.get("profile", {}).get("ours")
         cells.append(f"{prof['categories_pct']['aggregation']:.0f} %" if prof else "-")
         out.append("| " + " | ".join(cells) + " |")
