@@ -7,6 +7,7 @@ Usage::
     python benchmarks/kernels.py --features 128 --json out.json
     python benchmarks/kernels.py --cases uniform skewed torus --features 128 --plot kernels.png
     python benchmarks/kernels.py --replot out.json --plot kernels.png   # table + figure again, no timing
+    python benchmarks/kernels.py --cases uniform skewed --features 128 --baseline 147edf3   # an older kernel beside
 
 For each graph case and feature width F it times a forward and a forward+backward of an
 unweighted sum aggregation (``out[d] = sum_{(s,d)} x[s]``) for every contender (PyG's
@@ -312,6 +313,57 @@ class RowReadFloor(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+class _OtherKernel(torch.autograd.Function):
+    """An unweighted sum with another build's ``csr_sum`` (``--baseline``): forward over
+    ``(rowptr, col)``, backward over the transposed CSR, as ours."""
+
+    @staticmethod
+    def forward(ctx, x, mod, rowptr, col, t_rowptr, t_col):
+        ctx.mod, ctx.transposed = mod, (t_rowptr, t_col)
+        return mod.csr_sum(rowptr, col, None, x.contiguous(), False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.mod.csr_sum(*ctx.transposed, None, grad.contiguous(), False), None, None, None, None, None
+
+
+def kernel_at(rev: str):
+    """The C++ kernels as they were at git revision ``rev`` of this repository (``csrc/`` at that
+    revision), compiled into an extension of their own beside ours (cached by source hash under
+    the kernels' build directory). Times the kernel code of ``rev`` on the same CSR, input and
+    process as ours (``--baseline``): what the code changed, not the environment."""
+    import hashlib
+    import subprocess
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import load
+
+    from lightning_fullgraph.kernels import cpp
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def show(path: str) -> Optional[str]:
+        out = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=repo, capture_output=True, text=True)
+        return out.stdout if out.returncode == 0 else None
+
+    main = show("csrc/aggregate.cpp")
+    if main is None:
+        raise SystemExit(f"--baseline {rev}: this repository has no csrc/aggregate.cpp at that revision")
+    files = {"aggregate.cpp": main}
+    for extra in ("huge_pages.cpp", "huge_pages.h"):  # what later revisions compile beside it
+        text = show(f"csrc/{extra}") if f'"{extra.replace(".cpp", ".h")}"' in main else None
+        if text is not None:
+            files[extra] = text
+    digest = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:12]
+    bdir = cpp.ext_root() / f"baseline-{digest}"
+    bdir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (bdir / name).write_text(text)
+    print(f"# --baseline {rev}: compiling its kernels into {bdir} (cached)", file=sys.stderr, flush=True)
+    return load(f"lfg_baseline_{digest}", [str(bdir / k) for k in files if k.endswith(".cpp")],
+                extra_cflags=cpp._cflags(), extra_ldflags=["-fopenmp"], build_directory=str(bdir), with_cuda=False)
+
+
 def row_read_floor(x: torch.Tensor, csr) -> torch.Tensor:
     """:class:`RowReadFloor` over a :class:`~lightning_fullgraph.kernels.CSRGraph` (in its own
     numbering: for a graph numbered for locality, the order the kernels read it in)."""
@@ -341,8 +393,9 @@ def _prepared_input(transform: Callable[[torch.Tensor], torch.Tensor]) -> Callab
     return prepared
 
 
-def make_methods(edge_index: torch.Tensor, n: int):
-    """Return ``{name: forward(x) -> out}`` closures over the graph (setup excluded)."""
+def make_methods(edge_index: torch.Tensor, n: int, baseline: Optional[str] = None):
+    """Return ``{name: forward(x) -> out}`` closures over the graph (setup excluded);
+    ``baseline``: also ``kernel_at_<rev>`` (:func:`kernel_at`)."""
     import torch_geometric.nn as gnn
 
     import lightning_fullgraph.kernels as K
@@ -404,6 +457,10 @@ def make_methods(edge_index: torch.Tensor, n: int):
 
     if cpp.load() is not None:  # the floor under ours' kernel (see the module docstring)
         methods["row_read_floor"] = lambda x: row_read_floor(x, csr)
+    if baseline:
+        other = kernel_at(baseline)
+        methods[f"kernel_at_{baseline}"] = lambda x: _OtherKernel.apply(x, other, csr.rowptr, csr.col, csr.t_rowptr,
+                                                                        csr.t_col)
 
     # Ours on bfloat16 rows (mixed precision: what a layer's linear map gives under
     # autocast), summed in float32, a bfloat16 output; the copy of x (and of the fwd+bwd
@@ -465,7 +522,8 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
           f"read {bw['read_best'] / 1e9:.1f} GB/s (best; median {bw['copy_median'] / 1e9:.1f} / "
           f"{bw['read_median'] / 1e9:.1f})" + (f"; validation pass {vpass[0] * 1e3:.1f} ms" if vpass[0] else ""),
           flush=True)
-    methods = {k: v for k, v in make_methods(ei, n).items() if k in args.methods}
+    methods = {k: v for k, v in make_methods(ei, n, args.baseline).items()
+               if k in args.methods or k.startswith("kernel_at_")}
     caches = cache_bytes()
     random_graph = s_skew != "torus"  # edges drawn independently: the hot-set bound applies
     rows = []
@@ -599,11 +657,13 @@ def markdown_table(rows: List[dict], case_info: List[dict]) -> str:
     bandwidth under both byte models against the copy and read bandwidths measured for that F."""
     methods = [m for m in ("pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_own_order", "ours_kernel_in_order",
                            "ours_check_every_call", "row_read_floor") if any(r["method"] == m for r in rows)]
+    methods += list(dict.fromkeys(r["method"] for r in rows if r["method"].startswith("kernel_at_")))
     names = {"pyg": "PyG gather-scatter", "sparse_csr_mm": "`torch.sparse.mm` CSR", "torch_scatter": "torch-scatter",
              "ours": "ours", "ours_own_order": "ours, graph's own node order",
              "ours_kernel_in_order": "ours, kernel only (rows already in the order)",
              "ours_check_every_call": "ours, validating every call",
              "row_read_floor": "row reads alone (floor)"}
+    names.update({m: f"the kernels at {m[len('kernel_at_'):]}" for m in methods if m.startswith("kernel_at_")})
     floors = any(r["method"] == "row_read_floor" for r in rows)
     head = ["case", "F", "load; copy / read / torch random-row GB/s"] + [names[m] for m in methods] + [
         "ours fwd, per-edge bytes: GB/s (% copy / % read)", "ours fwd, minimum bytes: GB/s (% copy / % read)"] + (
@@ -838,6 +898,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--methods", nargs="+",
                    default=["pyg", "sparse_csr_mm", "torch_scatter", "ours", "ours_own_order", "ours_kernel_in_order",
                             "ours_check_every_call", "ours_bf16", "row_read_floor"])
+    p.add_argument("--baseline", metavar="REV", default=None,
+                   help="also time the C++ kernels of git revision REV of this repository (contender kernel_at_REV: "
+                        "the same CSR, input and process as ours)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per contender (after one warm-up), all alike")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end GCN/GraphSAGE epochs")

@@ -104,3 +104,11 @@ def test_row_read_floor_reads_both_ways_and_passes_the_gradient(load_benchmark):
     g = torch.randn(3, 8)
     out.backward(g)
     assert torch.equal(x.grad, g)
+
+
+def test_baseline_refuses_a_revision_without_the_kernels(load_benchmark):
+    import pytest
+
+    bench = load_benchmark("kernels")
+    with pytest.raises(SystemExit, match="no csrc/aggregate.cpp at that revision"):
+        bench.kernel_at("no-such-revision")
