@@ -27,13 +27,14 @@ next call aggregate anew); it goes when its layer, input, graph or weights are f
 ``K.set_static_inputs("off")`` (or ``$LIGHTNING_FULLGRAPH_STATIC_INPUTS=off``) keeps and uses
 nothing and leaves ``GCNConv`` in PyG's order; :func:`~.clear_cache` forgets everything kept.
 """
-import os
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
+
+from .setting import ModeSetting
 
 __all__ = ["MODES", "ENV", "SIZE", "set_static_inputs", "get_static_inputs", "eligible", "lookup",
            "holds", "sighted_again", "keep", "clear", "info", "SIGHTINGS"]
@@ -43,7 +44,7 @@ ENV = "LIGHTNING_FULLGRAPH_STATIC_INPUTS"
 #: Aggregations kept at once.
 SIZE = 4
 
-_default: Optional[str] = None
+_setting = ModeSetting("static-inputs mode", MODES, ENV)
 
 
 def set_static_inputs(mode: Optional[str]) -> None:
@@ -51,20 +52,12 @@ def set_static_inputs(mode: Optional[str]) -> None:
     input of ``GCNConv`` first; ``"off"``: neither (what is kept already is not used, and goes
     with its inputs or :func:`~.clear_cache`); ``None``: back to
     ``$LIGHTNING_FULLGRAPH_STATIC_INPUTS`` (or ``"auto"``)."""
-    global _default
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"static-inputs mode must be one of {MODES}, got {mode!r}")
-    _default = mode
+    _setting.set(mode)
 
 
 def get_static_inputs() -> str:
     r"""The mode in effect: :func:`set_static_inputs`'s, else the environment's, else ``"auto"``."""
-    if _default is not None:
-        return _default
-    mode = os.environ.get(ENV, "").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ValueError(f"{ENV}={os.environ[ENV]!r}: must be one of {MODES}")
-    return mode
+    return _setting.get()
 
 
 def _signature(t: Tensor) -> tuple:

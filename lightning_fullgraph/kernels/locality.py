@@ -35,12 +35,13 @@ for one whose ids do not follow that convention the order finds no locality and 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
+
+from .setting import ModeSetting
 
 __all__ = ["NodeOrder", "locality_score", "bfs_order", "choose_order", "set_locality", "get_locality",
            "permute_rows", "expansion", "ENV", "MODES", "WINDOW", "MIN_GAIN", "MIN_EDGES", "MAX_EXPANSION",
@@ -61,28 +62,20 @@ ALREADY_LOCAL = 0.45
 
 #: Environment variable giving the default mode (e.g. for every rank of a launched job).
 ENV = "LIGHTNING_FULLGRAPH_LOCALITY"
-_default: Optional[str] = None  # set_locality's choice; else the environment's, else "auto"
+_setting = ModeSetting("locality mode", MODES, ENV)
 
 
 def set_locality(mode: Optional[str]) -> None:
     """Set how graphs are ordered for the kernels: ``"auto"`` (default: reorder large graphs
     when a breadth-first order gains locality), ``"bfs"`` (always) or ``"off"``; ``None``
     goes back to ``$LIGHTNING_FULLGRAPH_LOCALITY`` (or ``"auto"``)."""
-    global _default
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"locality mode must be one of {MODES}, got {mode!r}")
-    _default = mode
+    _setting.set(mode)
 
 
 def get_locality() -> str:
     """The mode in effect: :func:`set_locality`'s, else ``$LIGHTNING_FULLGRAPH_LOCALITY``'s,
     else ``"auto"``."""
-    if _default is not None:
-        return _default
-    mode = os.environ.get(ENV, "").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ValueError(f"{ENV}={os.environ[ENV]!r}: must be one of {MODES}")
-    return mode
+    return _setting.get()
 
 
 @dataclass(frozen=True, eq=False)

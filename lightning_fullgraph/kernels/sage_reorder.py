@@ -16,7 +16,6 @@ hooks, hooks of ``lin_l``), in explain mode, under autocast, for a lazy ``lin_l`
 initialized, and under ``K.set_layer_order("pyg")`` (or ``$LIGHTNING_FULLGRAPH_LAYER_ORDER=pyg``),
 which keeps every layer's own order. Results equal PyG's within floating-point reassociation.
 """
-import os
 from typing import Any, Callable, Optional, Tuple
 
 import torch
@@ -25,33 +24,26 @@ from torch import Tensor
 
 from .. import compat
 from . import gcn, kept
+from .setting import ModeSetting
 
 __all__ = ["MODES", "ENV", "set_layer_order", "get_layer_order", "mapped_first"]
 
 MODES = ("auto", "pyg")
 ENV = "LIGHTNING_FULLGRAPH_LAYER_ORDER"
 
-_default: Optional[str] = None
+_setting = ModeSetting("layer order", MODES, ENV)
 
 
 def set_layer_order(mode: Optional[str]) -> None:
     r"""``"auto"`` (default): a narrowing ``SAGEConv`` maps its rows before aggregating them;
     ``"pyg"``: every layer in PyG's order; ``None``: back to ``$LIGHTNING_FULLGRAPH_LAYER_ORDER``
     (or ``"auto"``)."""
-    global _default
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"layer order must be one of {MODES}, got {mode!r}")
-    _default = mode
+    _setting.set(mode)
 
 
 def get_layer_order() -> str:
     r"""The mode in effect: :func:`set_layer_order`'s, else the environment's, else ``"auto"``."""
-    if _default is not None:
-        return _default
-    mode = os.environ.get(ENV, "").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ValueError(f"{ENV}={os.environ[ENV]!r}: must be one of {MODES}")
-    return mode
+    return _setting.get()
 
 
 def mapped_first(layer: Any, xs: Tuple[Any, Any], edge_index: Any, size: Any,

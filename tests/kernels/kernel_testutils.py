@@ -1,5 +1,6 @@
-"""Graph generators and skips shared by the kernel tests (imported by basename)."""
+"""Graph generators, state resets and skips shared by the kernel tests (imported by basename)."""
 import os
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -29,6 +30,31 @@ def make_graph(num_src, num_dst, num_edges, *, seed=0, skew=False, self_loops=Tr
         parts_d.append(dst[:7])
     return torch.stack([torch.cat(parts_s), torch.cat(parts_d)])
 
+
+
+def random_features_graph(n, e, f, *, dtype=torch.float32, seed=0, weights=False):
+    """``(x [n, f], edge_index [2, e])`` drawn uniformly, plus ``[e]`` edge weights in ``[0, 1)``
+    with ``weights=True``; the same values for the same arguments."""
+    g = torch.Generator().manual_seed(seed)
+    x, edge_index = torch.randn(n, f, generator=g, dtype=dtype), torch.randint(0, n, (2, e), generator=g)
+    return (x, edge_index, torch.rand(e, generator=g, dtype=dtype)) if weights else (x, edge_index)
+
+
+@contextmanager
+def fresh_kernel_state(*switches):
+    """Kernels' caches emptied and the given mode setters (``K.set_static_inputs``, ...) back to
+    their defaults, before and after the enclosed test."""
+    import lightning_fullgraph.kernels as K
+
+    K.clear_cache()
+    for switch in switches:
+        switch(None)
+    try:
+        yield
+    finally:
+        for switch in switches:
+            switch(None)
+        K.clear_cache()
 
 
 CI_ENV = "LIGHTNING_FULLGRAPH_CI"

@@ -11,20 +11,17 @@ from torch_geometric.nn import GCNConv
 import lightning_fullgraph.kernels as K
 from lightning_fullgraph.kernels import gcn, kept
 
+from kernel_testutils import fresh_kernel_state, random_features_graph
+
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    K.clear_cache()
-    K.set_static_inputs(None)
-    yield
-    K.set_static_inputs(None)
-    K.clear_cache()
+    with fresh_kernel_state(K.set_static_inputs):
+        yield
 
 
 def _graph(n=80, e=600, f=16, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, f, generator=g, dtype=dtype), torch.randint(0, n, (2, e), generator=g),
-            torch.rand(e, generator=g, dtype=dtype))
+    return random_features_graph(n, e, f, dtype=dtype, seed=seed, weights=True)
 
 
 def _close(got, want, tol):
@@ -204,17 +201,6 @@ def test_pygs_order_wherever_the_other_could_be_seen_or_not_kept(case):
     if case == "propagate_hook":  # the hook saw the aggregation of x W, as in PyG
         assert len(seen) == 3 and all(out.requires_grad for out in seen)
 
-
-def test_mode_setting_and_environment(monkeypatch):
-    with pytest.raises(ValueError, match="must be one of"):
-        K.set_static_inputs("on")
-    monkeypatch.setenv(kept.ENV, "sometimes")
-    with pytest.raises(ValueError, match=kept.ENV):
-        kept.get_static_inputs()
-    monkeypatch.setenv(kept.ENV, "off")
-    assert K.get_static_inputs() == "off"
-    K.set_static_inputs("auto")
-    assert K.get_static_inputs() == "auto"
 
 
 def test_a_new_normalization_is_aggregated_anew():

@@ -10,21 +10,19 @@ from torch_geometric.nn import GINConv, GraphConv, SAGEConv, SGConv
 import lightning_fullgraph.kernels as K
 from lightning_fullgraph.kernels import kept
 
+from kernel_testutils import fresh_kernel_state, random_features_graph
+
 NOTHING = {"hits": 0, "kept": 0, "aggregations": 0, "bytes": 0}
 
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    K.clear_cache()
-    K.set_static_inputs(None)
-    yield
-    K.set_static_inputs(None)
-    K.clear_cache()
+    with fresh_kernel_state(K.set_static_inputs):
+        yield
 
 
 def _graph(n=70, e=500, f=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, f, generator=g), torch.randint(0, n, (2, e), generator=g)
+    return random_features_graph(n, e, f, seed=seed)
 
 
 LAYERS = {

@@ -6,21 +6,19 @@ import torch
 from torch_geometric.nn import SAGEConv
 
 import lightning_fullgraph.kernels as K
-from lightning_fullgraph.kernels import kept, sage_reorder
+from lightning_fullgraph.kernels import kept
+
+from kernel_testutils import fresh_kernel_state, random_features_graph
 
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    K.clear_cache()
-    K.set_layer_order(None)
-    yield
-    K.set_layer_order(None)
-    K.clear_cache()
+    with fresh_kernel_state(K.set_layer_order):
+        yield
 
 
 def _graph(n=90, e=700, f=32, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, f, generator=g, dtype=dtype), torch.randint(0, n, (2, e), generator=g)
+    return random_features_graph(n, e, f, dtype=dtype, seed=seed)
 
 
 def _step(conv, x, edge_index):
@@ -110,15 +108,3 @@ def test_a_static_input_is_kept_rather_than_mapped_first():
             torch.testing.assert_close(conv(x, edge_index), want, rtol=1e-5, atol=1e-6)
     assert widths.widths == [8, 32, 32, 32]
     assert kept.info()["kept"] == 1 and kept.info()["hits"] == 2
-
-
-def test_mode_setting_and_environment(monkeypatch):
-    with pytest.raises(ValueError, match="must be one of"):
-        K.set_layer_order("dgl")
-    monkeypatch.setenv(sage_reorder.ENV, "sometimes")
-    with pytest.raises(ValueError, match=sage_reorder.ENV):
-        K.get_layer_order()
-    monkeypatch.setenv(sage_reorder.ENV, "pyg")
-    assert K.get_layer_order() == "pyg"
-    K.set_layer_order("auto")
-    assert K.get_layer_order() == "auto"
