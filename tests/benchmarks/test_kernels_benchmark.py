@@ -87,12 +87,9 @@ def test_floor_ratios_and_reachable_bound(load_benchmark):
 
 
 def test_row_read_floor_reads_both_ways_and_passes_the_gradient(load_benchmark):
-    from lightning_fullgraph.kernels import cpp
+    from tests.kernels.kernel_testutils import cpp_or_skip
 
-    if cpp.load() is None:
-        import pytest
-
-        pytest.skip("no C++ kernels")
+    cpp_or_skip()  # the floor is the C++ kernels' gather; a failure under CI, which builds them
     bench = load_benchmark("kernels")
     import lightning_fullgraph.kernels as K
 
