@@ -350,10 +350,9 @@ def kernel_at(rev: str):
     if main is None:
         raise SystemExit(f"--baseline {rev}: this repository has no csrc/aggregate.cpp at that revision")
     files = {"aggregate.cpp": main}
-    for extra in ("huge_pages.cpp", "huge_pages.h"):  # what later revisions compile beside it
-        text = show(f"csrc/{extra}") if f'"{extra.replace(".cpp", ".h")}"' in main else None
-        if text is not None:
-            files[extra] = text
+    if '"huge_pages.h"' in main:  # later revisions compile the allocator beside it
+        for extra in ("huge_pages.cpp", "huge_pages.h"):
+            files[extra] = show(f"csrc/{extra}") or ""
     digest = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:12]
     bdir = cpp.ext_root() / f"baseline-{digest}"
     bdir.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,8 @@ median of R:
   ``propagate`` returns the linear layer's output, to which it is added out of place.
 * ``row_read_floor``: as ``no_aggregation_ours``, but the stand-in ``propagate`` reads every
   edge's source row as the kernels would, forward over the layer's CSR and backward over its
-  transpose, and writes nothing (``kernels.row_read_floor``: the C++ kernels' gather without
-  output; GCN's edge weights, 4 bytes an edge, are not read). Its time is the step of a layer
+  transpose, and writes nothing (``row_read_floor`` of ``benchmarks/kernels.py``: the C++
+  kernels' gather without output; GCN's edge weights, 4 bytes an edge, are not read). Its time is the step of a layer
   whose aggregation took only the reading of its rows: no kernel that reads one source row per
   edge in this order can make ``ours`` faster than that on this machine.
 
@@ -143,7 +143,7 @@ class _FreePropagate:
 class _FloorPropagate(_FreePropagate):
     """:class:`_FreePropagate` that first reads every edge's source row, as the kernels would,
     over the CSR of the ``edge_index`` it gets (the kernels' cached one), and over its transpose
-    in backward (``kernels.row_read_floor``)."""
+    in backward (``row_read_floor`` of ``benchmarks/kernels.py``)."""
 
     csr = None  # the structure read in the last call
 
