@@ -46,6 +46,8 @@ constexpr uint32_t kFmix1 = 0x85EBCA6Bu;
 constexpr uint32_t kFmix2 = 0xC2B2AE35u;
 constexpr uint32_t kNanBits = 0x7FC00000u;
 constexpr float kMinScale = 1.17549435e-38f;  // 2^-126, the smallest normal float
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+constexpr uint32_t kBf16MaxBits = 0x7F7F0000u;  // the largest finite bfloat16
 constexpr int64_t kChunk = 256;  // features per code buffer (a multiple of 8)
 
 inline uint32_t fmix32(uint32_t h) {
@@ -89,9 +91,10 @@ inline float bf16_up(float x) {
 int num_threads() { return std::max(1, at::get_num_threads()); }
 
 struct Header {
-  bool bad;     // the row holds NaN or +-inf, or its range overflows: NaN header, zero codes
-  float zero;   // Z used to compute codes (0 for a non-finite row)
-  float inv;    // 1 / S (0 for a constant or non-finite row)
+  bool bad;     // the row holds NaN or +-inf: NaN header, zero codes
+  bool wide;    // finite, but max - min overflows: codes computed in quarters
+  float zero;   // Z used to compute codes (Z / 4 for a wide row, 0 for a non-finite one)
+  float inv;    // 1 / S (1 / (S / 4) for a wide row; 0 for a constant or non-finite row)
   float head_zero, head_scale;  // what the header carries
 };
 
@@ -111,43 +114,46 @@ inline Header row_header(const float* __restrict x, int64_t f, int bits, bool co
   // + 0.0f: -0.0 becomes +0.0, whichever of two zeros the scan happened to keep.
   float zero = lo + 0.0f;
   const float top = hi + 0.0f;
-  float span = top - zero;
   const float levels = static_cast<float>((1 << bits) - 1);
   Header h;
-  h.bad = any_nan || !std::isfinite(span);
-  if (compact && !h.bad) {
-    zero = bf16_down(zero);
-    span = top - zero;
-    h.bad = !std::isfinite(span);
-  }
-  float scale = h.bad ? 0.0f : span / levels;
-  if (scale < kMinScale) scale = 0.0f;
-  if (compact && !h.bad) {
-    scale = bf16_up(scale);
-    h.bad = !std::isfinite(scale);
-  }
+  h.bad = any_nan || !std::isfinite(zero) || !std::isfinite(top);
+  h.wide = false;
   if (h.bad) {
     h.zero = 0.0f;
     h.inv = 0.0f;
     h.head_zero = h.head_scale = bits_to_float(kNanBits);
     return h;
   }
-  h.zero = zero;
-  h.inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  const float max_scale = compact ? bits_to_float(kBf16MaxBits) : kFloatMax;
+  if (compact) {  // the grid starts at the bfloat16 below the minimum, at least -B_max
+    zero = bf16_down(zero);
+    if (zero < -max_scale) zero = -max_scale;
+  }
+  const float span = top - zero;
+  h.wide = !std::isfinite(span);  // a finite row whose range overflows: in quarters
+  float scale = h.wide ? (top * 0.25f - zero * 0.25f) / levels * 4.0f : span / levels;
+  if (scale < kMinScale) scale = 0.0f;
+  if (compact) scale = bf16_up(scale);
+  if (scale > max_scale) scale = max_scale;  // a 1-bit wide row's step is not finite
+  const float step = h.wide ? scale * 0.25f : scale;
+  h.zero = h.wide ? zero * 0.25f : zero;
+  h.inv = step > 0.0f ? 1.0f / step : 0.0f;
   h.head_zero = zero;
   h.head_scale = scale;
   return h;
 }
 
-// Codes of features [c0, c0 + n) of one row into codes[0, n).
-template <int BITS, bool STOCH>
+// Codes of features [c0, c0 + n) of one row into codes[0, n); a WIDE row in quarters.
+template <int BITS, bool STOCH, bool WIDE>
 inline void row_codes(const float* __restrict x, int64_t c0, int64_t n, const Header& h, uint32_t row_key,
                       uint8_t* __restrict codes) {
   constexpr int kLevels = (1 << BITS) - 1;
   const float zero = h.zero, inv = h.inv;
   const uint32_t base = static_cast<uint32_t>(c0);
   for (int64_t j = 0; j < n; ++j) {
-    const float t = (x[c0 + j] - zero) * inv;
+    const float v = WIDE ? x[c0 + j] * 0.25f : x[c0 + j];
+    float t = (v - zero) * inv;
+    t = t > 0.0f ? t : 0.0f;  // below a compact zero point clamped to -B_max
     // t >= 0 (and small), so truncation is floor: a vector conversion, where std::floor
     // would keep GCC from vectorizing the loop without -ffast-math.
     int32_t q = static_cast<int32_t>(t);
@@ -191,7 +197,10 @@ void encode_rows(const float* x, int64_t r0, int64_t r1, int64_t f, int64_t widt
     }
     for (int64_t c0 = 0; c0 < f; c0 += kChunk) {
       const int64_t n = std::min(kChunk, f - c0);
-      row_codes<BITS, STOCH>(xr, c0, n, h, row_key, codes);
+      if (h.wide)
+        row_codes<BITS, STOCH, true>(xr, c0, n, h, row_key, codes);
+      else
+        row_codes<BITS, STOCH, false>(xr, c0, n, h, row_key, codes);
       uint8_t* dst = packed + c0 / kPer;  // c0 is a multiple of kChunk, hence of kPer
       if (kPer == 1) {
         std::memcpy(dst, codes, n);
@@ -248,6 +257,9 @@ void decode_rows(const uint8_t* wire, int64_t r0, int64_t r1, int64_t f, int64_t
     }
     const uint8_t* packed = wr + head;
     float* outr = out + r * f;
+    // Z + q S grows monotonically with q: if the top code stays finite, every code does.
+    const bool overflows = std::isfinite(zero) && std::isfinite(scale) &&
+                           std::isinf(static_cast<float>((1 << BITS) - 1) * scale + zero);
     for (int64_t c0 = 0; c0 < f; c0 += kChunk) {
       const int64_t n = std::min(kChunk, f - c0);
       const uint8_t* src = packed + c0 / kPer;
@@ -262,6 +274,14 @@ void decode_rows(const uint8_t* wire, int64_t r0, int64_t r1, int64_t f, int64_t
       for (int64_t j = 0; j < n; ++j) {
         const float prod = static_cast<float>(cs[j]) * scale;
         o[j] = prod + zero;
+      }
+      if (overflows) {  // Z + q S overflows for some codes: those in quarters, clamped
+        const float zq = zero * 0.25f, sq = scale * 0.25f;
+        for (int64_t j = 0; j < n; ++j) {
+          if (!std::isinf(o[j])) continue;
+          const float quarter = (static_cast<float>(cs[j]) * sq + zq) * 4.0f;
+          o[j] = quarter > kFloatMax ? kFloatMax : (quarter < -kFloatMax ? -kFloatMax : quarter);
+        }
       }
     }
   }

@@ -33,6 +33,9 @@ __all__ = ["quantize", "dequantize", "is_available"]
 
 #: Header bytes per format (the reference's ``HEADERS``).
 _HEADERS = {"float32": 8, "bfloat16": 4}
+#: The largest finite float32 and bfloat16 (the reference's ``FLT_MAX``, ``BF16_MAX``).
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+_BF16_MAX = tl.constexpr(3.3895313892515355e38)
 
 
 def is_available() -> bool:
@@ -129,21 +132,27 @@ def _encode_kernel(x_ptr, wire_ptr, R, F, W, k0, k1, BITS: tl.constexpr, STOCH: 
         nan = nan | tl.max((v != v).to(tl.int32), axis=1)
     zero = lo + 0.0  # -0.0 -> +0.0, as the reference
     top = hi + 0.0
-    span = top - zero
-    bad = (nan != 0) | ~(tl.abs(span) < float("inf"))
-    if COMPACT:  # the grid starts at the bfloat16 below the minimum
+    bad = (nan != 0) | ~(tl.abs(zero) < float("inf")) | ~(tl.abs(top) < float("inf"))
+    if COMPACT:  # the grid starts at the bfloat16 below the minimum, at least -B_max
         zero = _bf16_down(zero)
-        span = top - zero
-        bad = bad | ~(tl.abs(span) < float("inf"))
-    scale = tl.math.div_rn(span, tl.full([BLOCK_R], LEVELS, tl.float32))
+        zero = tl.where(zero < -_BF16_MAX, -_BF16_MAX, zero)
+    span = top - zero
+    wide = ~bad & ~(tl.abs(span) < float("inf"))  # the range overflows: in quarters
+    levels = tl.full([BLOCK_R], LEVELS, tl.float32)
+    span = tl.where(wide, top * 0.25 - zero * 0.25, span)
+    scale = tl.math.div_rn(span, levels)
+    scale = tl.where(wide, scale * 4.0, scale)
     scale = tl.where(scale < 1.1754943508222875e-38, 0.0, scale)  # below 2^-126: constant
     if COMPACT:
         scale = _bf16_up(scale)
-        bad = bad | ~(scale < float("inf"))
-    pos = scale > 0.0
-    inv = tl.math.div_rn(tl.full([BLOCK_R], 1.0, tl.float32), tl.where(pos, scale, 1.0))
+        scale = tl.where(scale > _BF16_MAX, _BF16_MAX, scale)
+    else:
+        scale = tl.where(scale > _FLT_MAX, _FLT_MAX, scale)  # a 1-bit wide row's step
+    step = tl.where(wide, scale * 0.25, scale)
+    pos = step > 0.0
+    inv = tl.math.div_rn(tl.full([BLOCK_R], 1.0, tl.float32), tl.where(pos, step, 1.0))
     inv = tl.where(pos & ~bad, inv, 0.0)
-    zero_c = tl.where(bad, 0.0, zero)
+    zero_c = tl.where(bad, 0.0, tl.where(wide, zero * 0.25, zero))
     zbits = tl.where(bad, 0x7FC00000, zero.to(tl.uint32, bitcast=True))
     sbits = tl.where(bad, 0x7FC00000, scale.to(tl.uint32, bitcast=True))
     if COMPACT:
@@ -164,8 +173,10 @@ def _encode_kernel(x_ptr, wire_ptr, R, F, W, k0, k1, BITS: tl.constexpr, STOCH: 
         cols = (byte_idx[:, None] * PER + ii[None, :])[None, :, :]
         m = rmask[:, None, None] & (cols < F)
         v = tl.load(xrow[:, None, None] + cols, mask=m, other=0.0)
+        v = tl.where(wide[:, None, None], v * 0.25, v)
         t = (v - zero_c[:, None, None]) * inv[:, None, None]
         t = tl.where(m & ~bad[:, None, None], t, 0.0)  # an infinite entry times 0 is NaN
+        t = tl.where(t > 0.0, t, 0.0)  # below a compact zero point clamped to -B_max
         q = t.to(tl.int32)  # t >= 0: truncation is floor
         frac = t - q.to(tl.float32)
         if STOCH:
@@ -196,6 +207,7 @@ def _decode_kernel(wire_ptr, out_ptr, R, F, W, BITS: tl.constexpr, HEAD: tl.cons
     else:
         zero = _load_word(wrow, rmask).to(tl.float32, bitcast=True)
         scale = _load_word(wrow + 4, rmask).to(tl.float32, bitcast=True)
+    finite = (tl.abs(zero) < float("inf")) & (tl.abs(scale) < float("inf"))
     for c0 in range(0, F, BLOCK_F):
         # One lane per output element (coalesced stores); the PER lanes that share a byte
         # load it each, from cache.
@@ -203,8 +215,15 @@ def _decode_kernel(wire_ptr, out_ptr, R, F, W, BITS: tl.constexpr, HEAD: tl.cons
         m = rmask[:, None] & (cols < F)[None, :]
         byte = tl.load(wrow[:, None] + HEAD + (cols // PER)[None, :], mask=m, other=0)
         q = (byte.to(tl.int32) >> ((cols % PER) * BITS)[None, :]) & LEVELS
-        prod = q.to(tl.float32) * scale[:, None]
+        qf = q.to(tl.float32)
+        prod = qf * scale[:, None]
         val = prod + zero[:, None]  # no FMA: launched with enable_fp_fusion=False
+        # Where Z + q S overflows with Z, S finite: in quarters, clamped (the reference).
+        quarter = (qf * (scale * 0.25)[:, None] + (zero * 0.25)[:, None]) * 4.0
+        quarter = tl.where(quarter > _FLT_MAX, _FLT_MAX, quarter)
+        quarter = tl.where(quarter < -_FLT_MAX, -_FLT_MAX, quarter)
+        over = (tl.abs(val) == float("inf")) & finite[:, None]
+        val = tl.where(over, quarter, val)
         tl.store(orow[:, None] + cols[None, :], val, mask=m)
 
 

@@ -16,9 +16,11 @@ bytes   content
 ======  ===============================================================================
 
 The decoded row is :math:`\hat x_j = Z + q_j S`, computed in float32 as a product then a sum
-(two roundings, never a fused multiply-add), then cast to the context's dtype.  The decoder
-must rebuild exactly the :math:`Z, S` the encoder used, so the header holds the very values
-the codes were computed against.
+(two roundings, never a fused multiply-add), then cast to the context's dtype.  Where that
+overflows with :math:`Z, S` finite (a wide row, below), it is computed in quarters instead:
+:math:`\hat x_j = \min(\max(4\,(q_j (S / 4) + Z / 4), -F_{max}), F_{max})`, :math:`F_{max}`
+the largest float32.  The decoder must rebuild exactly the :math:`Z, S` the encoder used, so
+the header holds the very values the codes were computed against.
 
 **Compact header** (``header="bfloat16"``, :math:`H = 4`): bytes 0-1 hold :math:`Z'` and
 bytes 2-3 :math:`S'` as bfloat16 (the high 16 bits of their float32 patterns).  With a narrow
@@ -32,27 +34,36 @@ rounded values: :math:`Z' = \lfloor Z \rfloor_{bf16}` (the largest bfloat16 :mat
 :math:`S' \le (S + 2^{-7} |Z| / L)(1 + 2^{-7})`: the zero point's rounding widens the step
 only for rows whose magnitude far exceeds their range, which matters at 8 bits, hardly at 1-4.
 Zero rows, and constant rows whose value is a bfloat16, still decode exactly; other constant
-rows decode to :math:`\lfloor x \rfloor_{bf16}`.  A row whose rounded zero point or scale
-overflows (beyond :math:`\approx 3.39 \cdot 10^{38}`) is sent as non-finite.
+rows decode to :math:`\lfloor x \rfloor_{bf16}`.  A zero point that rounds past the largest
+bfloat16 :math:`B_{max} \approx 3.39 \cdot 10^{38}` is clamped to :math:`-B_{max}` (values
+below it get code 0: the nearest the format holds), and a scale to :math:`B_{max}`.
 
 **Encoding** of a row :math:`x` (float32; other dtypes are cast first), with
 :math:`L = 2^b - 1`, every step one IEEE float32 operation:
 
 * :math:`Z = \min x + 0`, :math:`S = (\max x + 0 - Z) / L`; :math:`S < 2^{-126}` (a constant
   row, or a range so small that :math:`1/S` would overflow) becomes :math:`S = 0`; with the
-  compact header :math:`Z \leftarrow \lfloor Z \rfloor_{bf16}` first, and a non-zero
-  :math:`S \leftarrow \lceil S \rceil_{bf16}` last (directed roundings of the bit pattern);
-* :math:`\mathrm{inv} = 1 / S` (:math:`0` when :math:`S = 0`); :math:`t_j = (x_j - Z)\,
-  \mathrm{inv}`; :math:`f_j = t_j - \lfloor t_j \rfloor` (exact);
+  compact header :math:`Z \leftarrow \max(\lfloor Z \rfloor_{bf16}, -B_{max})` first, and a
+  non-zero :math:`S \leftarrow \lceil S \rceil_{bf16}` last (directed roundings of the bit
+  pattern); then :math:`S \leftarrow \min(S, F_{max})` (:math:`B_{max}` with the compact
+  header);
+* :math:`\mathrm{inv} = 1 / S` (:math:`0` when :math:`S = 0`); :math:`t_j = \max((x_j - Z)\,
+  \mathrm{inv}, 0)`; :math:`f_j = t_j - \lfloor t_j \rfloor` (exact);
+* a **wide** row, finite but with :math:`\max x - Z` overflowing float32 (e.g. :math:`-3
+  \cdot 10^{38}` and :math:`3 \cdot 10^{38}`), is computed in quarters, every scaling by 4
+  exact: :math:`S = ((\max x / 4 - Z / 4) / L) \cdot 4`, :math:`\mathrm{inv} = 1 / (S / 4)`,
+  :math:`t_j = \max((x_j / 4 - Z / 4)\, \mathrm{inv}, 0)` (the reciprocal stays a normal
+  float).  At 1 bit its step exceeds :math:`F_{max}`: the clamped :math:`S` leaves the values
+  above :math:`Z + F_{max}` at the top code;
 * stochastic: :math:`q_j = \lfloor t_j \rfloor + [u_j < f_j]`, so :math:`E[q_j] = t_j` up to
   :math:`2^{-24}`; nearest: :math:`q_j = \lfloor t_j \rfloor + [f_j \ge 1/2]`; then
   :math:`q_j` is clamped to :math:`[0, L]` (rounding can push :math:`t_j` past :math:`L`).
 
 So :math:`|\hat x - x| \le S` (stochastic) or :math:`\le S / 2` (nearest), up to float32
-rounding, and constant rows (zero rows too) decode exactly.  A row holding NaN or
-:math:`\pm\infty`, or whose range overflows float32, is sent as ``Z = S = NaN`` (bits
-``0x7FC00000``; ``0x7FC0`` in a compact header) with zero codes: it decodes to a row of NaN
-instead of silently finite values.
+rounding, and constant rows (zero rows too) decode exactly; every finite row decodes to finite
+values (the clamps above are the only other exceptions to the bound).  A row holding NaN or
+:math:`\pm\infty` is sent as ``Z = S = NaN`` (bits ``0x7FC00000``; ``0x7FC0`` in a compact
+header) with zero codes: it decodes to a row of NaN instead of silently finite values.
 
 **Random numbers** (counter-based, so every implementation computes the same :math:`u_j`
 without sharing generator state): the stream key :math:`(k_0, k_1)` is the low and high 32
@@ -96,6 +107,9 @@ ROW_MUL, COL_MUL, FMIX_1, FMIX_2 = 0x9E3779B9, 0x7FEB352D, 0x85EBCA6B, 0xC2B2AE3
 MIN_SCALE = 2.0 ** -126
 #: The NaN written into the header of a non-finite row (its high half in a compact header).
 NAN_BITS = 0x7FC00000
+#: The largest finite float32, and bfloat16 (``0x7F7F0000``): the largest scale of a header.
+FLT_MAX = 3.4028234663852886e38
+BF16_MAX = 3.3895313892515355e38
 #: Elements per chunk of the reference (bounds its int64 temporaries).
 _CHUNK = 1 << 20
 
@@ -197,31 +211,37 @@ def bf16_up(x: Tensor) -> Tensor:
 
 
 def _header(rows: Tensor, bits: int, compact: bool = False):
-    r"""Zero points, scales, reciprocals and the non-finite mask of float32 rows."""
+    r"""Zero points, scales, the codes' zero points and reciprocals, and the non-finite and
+    wide masks of float32 rows (see the module doc)."""
     levels = float((1 << bits) - 1)
     # + 0.0 turns a -0.0 minimum into +0.0: implementations that meet -0.0 and +0.0 in a
     # different order would otherwise write different header bytes.
     zero = rows.amin(1) + 0.0
     top = rows.amax(1) + 0.0
-    span = top - zero  # NaN if the row holds a NaN, inf on overflow or an infinite entry
-    bad = ~torch.isfinite(span)
+    bad = ~torch.isfinite(zero) | ~torch.isfinite(top)  # a NaN (amin propagates it) or inf
     if compact:  # the grid starts at the bfloat16 below the minimum (see the module doc)
-        zero = bf16_down(zero)
-        span = top - zero
-        bad = bad | ~torch.isfinite(span)
+        zero = bf16_down(zero).clamp_min(-BF16_MAX)
+    span = top - zero
+    # A finite row whose range overflows float32: its grid is computed in quarters.
+    wide = torch.isinf(span) & ~bad
     scale = span / levels
+    if bool(wide.any()):
+        scale = torch.where(wide, (top * 0.25 - zero * 0.25) / levels * 4.0, scale)
     scale = torch.where(scale < MIN_SCALE, torch.zeros_like(scale), scale)
     if compact:
         scale = bf16_up(scale)
-        bad = bad | ~torch.isfinite(scale)
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    inv = torch.where(scale > 0, torch.ones_like(scale) / safe, torch.zeros_like(scale))
+    # A 1-bit wide row's step exceeds every finite header value: the largest one instead.
+    scale = scale.clamp_max(BF16_MAX if compact else FLT_MAX)
+    step = torch.where(wide, scale * 0.25, scale)
+    safe = torch.where(step > 0, step, torch.ones_like(step))
+    inv = torch.where(step > 0, torch.ones_like(step) / safe, torch.zeros_like(step))
     nan = torch.tensor(NAN_BITS, dtype=torch.int32, device=rows.device).view(torch.float32)
-    zero = torch.where(bad, torch.zeros_like(zero), zero)
-    inv = torch.where(bad, torch.zeros_like(inv), inv)
     head_zero = torch.where(bad, nan, zero)
     head_scale = torch.where(bad, nan, scale)
-    return zero, inv, bad, head_zero, head_scale
+    code_zero = torch.where(wide, zero * 0.25, zero)
+    code_zero = torch.where(bad, torch.zeros_like(zero), code_zero)
+    inv = torch.where(bad, torch.zeros_like(inv), inv)
+    return code_zero, inv, bad, wide, head_zero, head_scale
 
 
 def _pack(codes: Tensor, bits: int) -> Tensor:
@@ -273,9 +293,12 @@ def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int],
     step = max(1, _CHUNK // f)
     for r0 in range(0, n, step):
         xs = x[r0:r0 + step]
-        zero, inv, bad, head_zero, head_scale = _header(xs, bits, hb == 4)
+        zero, inv, bad, wide, head_zero, head_scale = _header(xs, bits, hb == 4)
+        if bool(wide.any()):  # a select, not a product by 1, leaves the other rows alone
+            xs = torch.where(wide.unsqueeze(1), xs * 0.25, xs)
         t = (xs - zero.unsqueeze(1)) * inv.unsqueeze(1)
         t = t.masked_fill_(bad.unsqueeze(1), 0.0)  # non-finite rows: zero codes
+        t = t.clamp_min_(0.0)  # below a compact zero point clamped to -BF16_MAX
         low = torch.floor(t)
         frac = t - low  # exact: t >= 0 and floor(t) share the exponent range
         if stochastic:
@@ -294,8 +317,10 @@ def quantize(rows: Tensor, bits: int, stochastic: bool, key: Tuple[int, int],
 def read_header(wire: Tensor, header: str = "float32") -> Tuple[Tensor, Tensor]:
     r"""The float32 zero points and scales of wire rows :math:`[R, W]`."""
     hb = header_bytes(header)
-    # A copy: the header of a row that starts at an odd byte is not aligned for float32.
-    head = wire[:, :hb].contiguous()
+    # A fresh copy: the header of a row that starts at an odd byte is not aligned for float32,
+    # and .contiguous() would keep the stride (and offset) of a one-row slice.
+    head = torch.empty(wire.size(0), hb, dtype=torch.uint8, device=wire.device)
+    head.copy_(wire[:, :hb])
     if hb == 4:
         head = head.view(torch.int16).to(torch.int32).bitwise_left_shift(16)
     head = head.view(torch.float32)
@@ -333,5 +358,15 @@ def dequantize(wire: Tensor, bits: int, num_features: int, header: str = "float3
         zero, scale = read_header(ws, header)
         codes = _unpack(ws[:, hb:], bits, num_features).to(torch.float32)
         # A product, then a sum: the kernels round the same two times (no fused multiply-add).
-        out[r0:r0 + step] = codes * scale.unsqueeze(1) + zero.unsqueeze(1)
+        out[r0:r0 + step] = _decode_rows(codes, zero, scale)
+    return out
+
+
+def _decode_rows(codes: Tensor, zero: Tensor, scale: Tensor) -> Tensor:
+    r""":math:`Z + q S`, in quarters where it overflows (see the module doc)."""
+    out = codes * scale.unsqueeze(1) + zero.unsqueeze(1)
+    over = torch.isinf(out) & (torch.isfinite(zero) & torch.isfinite(scale)).unsqueeze(1)
+    if bool(over.any()):
+        quarter = (codes * (scale * 0.25).unsqueeze(1) + (zero * 0.25).unsqueeze(1)) * 4.0
+        out = torch.where(over, quarter.clamp(-FLT_MAX, FLT_MAX), out)
     return out
