@@ -263,6 +263,23 @@ def signal_connector(trainer: Any) -> Any:
     return trainer._signal_connector
 
 
+def lightning_launchers() -> Tuple[type, type]:
+    r"""Lightning's launchers of ``DDPStrategy``: the one that re-runs the script per rank
+    (``start_method="popen"``) and the multiprocessing one (``"spawn"``, ``"fork"``)."""
+    require("lightning")
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+    from lightning.pytorch.strategies.launchers.subprocess_script import \
+        _SubprocessScriptLauncher
+    return _SubprocessScriptLauncher, _MultiProcessingLauncher
+
+
+def set_group_timeout(timeout: Any, group: Any = None) -> None:
+    r"""Sets the timeout of the collectives of an existing process group (default: the
+    default group), for gloo and NCCL."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+    _set_pg_timeout(timeout, group)
+
+
 def stage_data_sources(trainer: Any) -> Dict[str, Any]:
     r"""Where the running stage's dataloaders come from, by dataloader hook name.
 
@@ -321,3 +338,35 @@ def pymetis_option_indices() -> Any:
     from pymetis._internal import options_indices
     return options_indices
 
+
+
+# -- torch autograd --------------------------------------------------------------------------
+def in_backward() -> bool:
+    r"""Whether this thread is running a backward pass (``backward()`` or
+    ``torch.autograd.grad``) right now."""
+    import torch
+    return torch._C._current_graph_task_id() != -1
+
+
+def will_accumulate(param: Any) -> bool:
+    r"""Whether the backward pass running now accumulates a gradient into ``param.grad``.
+
+    ``False`` for a parameter the pass does not reach and in ``torch.autograd.grad``, which
+    returns the gradients instead of accumulating them (torch refuses to answer for a leaf
+    that call captures: that, too, means no accumulation).  Only valid inside a backward pass
+    (in a tensor hook or a queued callback).
+    """
+    import torch
+    from torch.autograd.graph import get_gradient_edge
+    try:
+        return bool(torch._C._will_engine_execute_node(get_gradient_edge(param).node))
+    except RuntimeError:  # "A leaf node was passed ... running autograd.grad()"
+        return False
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> None:
+    r"""Runs :obj:`callback` once the running backward pass has completed (every gradient
+    accumulated), before ``backward()`` returns; an exception it raises is raised by
+    ``backward()``.  Only valid inside a backward pass."""
+    import torch
+    torch.autograd.Variable._execution_engine.queue_callback(callback)

@@ -117,15 +117,23 @@ class AdaptiveCacheThreshold(Callback):
 
     Use with ``FullGraphStrategy(cache="adaptive")`` (or any cache): it sets ``epsilon`` on
     every :class:`~lightning_fullgraph.engine.HaloCache` of the strategy's engine before each
-    training epoch.  Logged every epoch: ``cache/epsilon`` (the epoch's threshold) and
-    ``cache/train_acc`` (the global accuracy it was decided on); the fraction of rows the cache
+    training epoch.  Logged every epoch: ``cache/epsilon`` (the epoch's threshold) and, from
+    the second epoch on, ``cache/train_acc`` (the global accuracy of the previous epoch, which it
+    was decided on); the fraction of rows the cache
     served is ``comm/rows_skipped_frac`` of
     :class:`~lightning_fullgraph.callbacks.CommunicationMonitor`.  Its state (threshold, running
     mean, history) is saved in checkpoints, so a resumed run continues the same schedule.
 
+    Each rank reads its accuracy when a training epoch ends; the ranks combine them when the
+    next one starts, when a checkpoint is saved (:meth:`state_dict`, which every rank calls) or
+    when training ends, never in ``on_train_epoch_end`` itself: there Lightning's progress bar
+    synchronizes epoch metrics on rank 0 alone, and a collective of the other ranks would wait
+    for it forever.  A checkpoint holds the decided threshold, so a run resumed from an epoch's
+    end decides as the uninterrupted one.
+
     Args:
-        monitor (str): The logged training accuracy of the step (each rank's own, or already
-            global: both are combined correctly), default ``"train_acc"``.
+        monitor (str): The logged training accuracy (each rank's own, or already global: both
+            are combined correctly), default ``"train_acc"``.
         epsilon, mu1, mu2, nu1, nu2, xi, lambda1, lambda2, smoothing: See
             :class:`CacheThresholdController`.
         target: Where the threshold goes (default: the strategy's engine).
@@ -143,6 +151,11 @@ class AdaptiveCacheThreshold(Callback):
         self.log = log
         self._warned = set()
         self._last_accuracy: Optional[float] = None
+        # This rank's share-weighted accuracy of an epoch that ended, not yet combined.
+        self._pending: Optional[Dict[str, float]] = None
+        # A combined accuracy not logged yet (logged when the next epoch starts).
+        self._unlogged: Optional[float] = None
+        self._trainer: Optional[Any] = None
 
     @property
     def epsilon(self) -> float:
@@ -165,13 +178,25 @@ class AdaptiveCacheThreshold(Callback):
         for cache in caches:
             cache.epsilon = self.controller.epsilon
 
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        self._trainer = trainer  # state_dict() decides a pending epoch on the engine's group
+
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self._apply(trainer)
 
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._decide(trainer)
         self._apply(trainer)
+        total, self._unlogged = self._unlogged, None
+        if self.log:
+            pl_module.log("cache/epsilon", float(self.controller.epsilon), on_epoch=True,
+                          on_step=False, sync_dist=False, rank_zero_only=False, batch_size=1)
+            if total is not None:
+                pl_module.log("cache/train_acc", float(total), on_epoch=True, on_step=False,
+                              sync_dist=False, rank_zero_only=False, batch_size=1)
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        # No collective here (see the class docstring): this rank's value only.
         value = trainer.callback_metrics.get(self.monitor)
         engine = getattr(trainer.strategy, "engine", None)
         # The rank's share of the training nodes (the accuracy a rank logs is its own); a
@@ -181,22 +206,35 @@ class AdaptiveCacheThreshold(Callback):
         else:
             weight = 1.0 / max(1, trainer.world_size)
         local = float("nan") if value is None else float(value) * weight
-        # A collective: every rank calls it, also one that has no value (then NaN for all).
-        total, _ = BitWidthController.reduce(0.0 if weight == 0.0 else local, 0.0,
-                                             getattr(engine, "group", None))
-        if value is None:
+        self._pending = dict(epoch=float(trainer.current_epoch),
+                             value=0.0 if weight == 0.0 else local,
+                             missing=float(value is None))
+
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._decide(trainer)  # the last epoch's, so that the schedule's history is whole
+
+    def _decide(self, trainer: Optional["pl.Trainer"]) -> None:
+        r"""Combines the pending epoch's accuracies over ranks and updates the threshold.  A
+        collective when an epoch is pending, and every rank has the same pending epoch (each
+        records one at every epoch end)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        engine = getattr(getattr(trainer, "strategy", None), "engine", None)
+        total, _ = BitWidthController.reduce(pending["value"], 0.0, getattr(engine, "group", None))
+        if pending["missing"]:
             self._warn_once("monitor", f"'{self.monitor}' is not logged; the threshold stays "
                                        f"{self.controller.epsilon:g}")
-        used = self.controller.epsilon
         self.controller.update(total)
-        self._last_accuracy = total
-        if self.log:
-            for name, v in (("cache/epsilon", used), ("cache/train_acc", total)):
-                pl_module.log(name, float(v), on_epoch=True, on_step=False, sync_dist=False,
-                              rank_zero_only=False)
+        self._last_accuracy = self._unlogged = total
 
     def state_dict(self) -> Dict[str, Any]:
-        return dict(controller=self.controller.state_dict())
+        r"""The schedule, with the epoch that just ended decided first (a collective when one
+        is pending: Lightning calls it on every rank when it saves a checkpoint, and writes
+        rank 0's, so nothing rank-local may stay undecided in it)."""
+        self._decide(self._trainer)
+        return dict(controller=self.controller.state_dict(), unlogged=self._unlogged)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.controller.load_state_dict(state_dict["controller"])
+        self._pending, self._unlogged = None, state_dict.get("unlogged")

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
+from ..engine.errors import guarded
+
 __all__ = ["CommunicationMonitor"]
 
 # These values are reduced over ranks here already; Lightning's advice to add
@@ -31,6 +33,13 @@ class CommunicationMonitor(Callback):
     an asynchronous pipeline, ``comm/async`` (1 for an epoch on one-epoch-stale halo rows).
     ``comm/sent_MB`` also appears in the progress bar, and ``comm/bits`` too when the codec
     is lossy.
+
+    The figures are reduced over ranks in ``on_train_epoch_end`` (on the engine's process
+    group, under the collective timeout).  There Lightning's progress bar computes, and so
+    synchronizes, epoch-level metrics on rank 0 alone: a callback with a collective must run
+    before it, or rank 0 waits in the metric's collective while the others wait in this one.
+    Callbacks passed to the Trainer come before its progress bar; the strategies of this
+    library also move every callback of this library there (including the monitor they add).
     The last epoch's figures stay in :attr:`last` and, per rank, in
     :attr:`history` (one dictionary per epoch); :meth:`run_mean` averages the reduced figures
     over every epoch of the run (the bytes of a run whose width or cache changes per epoch).
@@ -175,13 +184,21 @@ class CommunicationMonitor(Callback):
         if self.predictor is not None:
             self.predictor.close()
 
-    def _collective_epoch_end(self, pl_module, sent: float) -> None:
+    @staticmethod
+    def _all_reduce(trainer, tensor: torch.Tensor, op: Any, group: Optional[Any]) -> None:
+        timeout = getattr(trainer.strategy, "collective_timeout", None)
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        with guarded("CommunicationMonitor's all-reduce of the epoch's figures", rank,
+                     (r for r in range(world) if r != rank), timeout):
+            dist.all_reduce(tensor, op=op, group=group)
+
+    def _collective_epoch_end(self, trainer, pl_module, sent: float) -> None:
         values = torch.tensor([sent / 1e6, self._step_seconds], dtype=torch.float64)
         peak = values.clone()
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(values)
+            self._all_reduce(trainer, values, dist.ReduceOp.SUM, None)
             values /= dist.get_world_size()
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+            self._all_reduce(trainer, peak, dist.ReduceOp.MAX, None)
         metrics = {"comm/sent_MB": values[0].item(), "comm/step_s": values[1].item(),
                    "comm/sent_MB_max": peak[0].item()}
         self.last = metrics
@@ -189,7 +206,8 @@ class CommunicationMonitor(Callback):
         self._reduced.append(dict(metrics))
         for name, value in metrics.items():
             pl_module.log(name, value, prog_bar=self.prog_bar and name == "comm/sent_MB",
-                          on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False)
+                          on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False,
+                          batch_size=1)
 
     def run_mean(self) -> Dict[str, float]:
         r"""Each figure of :attr:`last` averaged over all training epochs so far (the same
@@ -203,7 +221,7 @@ class CommunicationMonitor(Callback):
         if engine is None:
             sent = self._collective_bytes(trainer)
             if sent is not None:
-                self._collective_epoch_end(pl_module, sent)
+                self._collective_epoch_end(trainer, pl_module, sent)
             return
         stats = engine.stats
         total = stats.total()
@@ -241,10 +259,12 @@ class CommunicationMonitor(Callback):
         if observed is not None:  # busiest bytes and (negated) fastest seconds: a MAX too
             extra = torch.cat([extra, observed])
         if distributed:
+            # The engine's group: its timeout is the collective timeout, and the same ranks.
+            group = engine.group
             mean, peak = values.clone(), torch.cat([values, extra])
-            dist.all_reduce(mean)
-            mean /= dist.get_world_size()
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+            self._all_reduce(trainer, mean, dist.ReduceOp.SUM, group)
+            mean /= dist.get_world_size(group)
+            self._all_reduce(trainer, peak, dist.ReduceOp.MAX, group)
         else:
             mean, peak = values, torch.cat([values, extra])
         metrics = dict(zip(names, mean.tolist()))
@@ -278,7 +298,8 @@ class CommunicationMonitor(Callback):
         for name, value in metrics.items():
             shown = name == "comm/sent_MB" or (lossy and name in ("comm/bits", "comm/async"))
             pl_module.log(name, value, prog_bar=self.prog_bar and shown,
-                          on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False)
+                          on_epoch=True, on_step=False, sync_dist=False, rank_zero_only=False,
+                          batch_size=1)
 
 
 class _AllReduceBytes:

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Iterable, Iterator, Optional, Union
 
-__all__ = ["CollectiveError", "guarded", "is_peer_failure", "TIMEOUT_OPTION"]
+__all__ = ["CollectiveError", "guarded", "is_peer_failure", "from_backend_error",
+           "TIMEOUT_OPTION"]
 
 #: How users set the collective timeout (named in every timeout message).
 TIMEOUT_OPTION = ("FullGraphStrategy(timeout=...) / lightning-fullgraph train --timeout "
@@ -57,15 +58,15 @@ def _seconds(timeout: Union[None, float, timedelta]) -> Optional[float]:
 
 
 def _describe(error: BaseException, what: str, rank: int, peers: Iterable[int],
-              seconds: float, timeout: Union[None, float, timedelta]) -> CollectiveError:
+              seconds: Optional[float], timeout: Union[None, float, timedelta]) -> CollectiveError:
     text = str(error)
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     peers = tuple(sorted(set(int(p) for p in peers)))
     with_whom = f" with rank(s) {', '.join(map(str, peers))}" if peers else ""
     limit = _seconds(timeout)
     peer_failed = any(s in text for s in _PEER_GONE)
-    timed_out = not peer_failed and (any(s in text for s in _TIMED_OUT)
-                                     or (limit is not None and seconds >= 0.95 * limit))
+    timed_out = not peer_failed and (any(s in text for s in _TIMED_OUT) or (
+        limit is not None and seconds is not None and seconds >= 0.95 * limit))
     if peer_failed:
         why = ("a peer closed its connection: that rank failed or was killed (its own "
                "error is the cause; look for it above). This rank stops too")
@@ -75,9 +76,11 @@ def _describe(error: BaseException, what: str, rank: int, peers: Iterable[int],
                f"slower than the timeout. If ranks are only slow, raise it with {TIMEOUT_OPTION}")
     else:
         why = "the collective failed"
-    message = (f"rank {rank}: {what} failed after {seconds:.1f} s{with_whom}: {why}. "
+    after = f" after {seconds:.1f} s" if seconds is not None else ""
+    message = (f"rank {rank}: {what} failed{after}{with_whom}: {why}. "
                f"[{type(error).__name__}: {first}]")
-    return CollectiveError(message, what=what, rank=rank, peers=peers, seconds=seconds,
+    return CollectiveError(message, what=what, rank=rank, peers=peers,
+                           seconds=seconds if seconds is not None else float("nan"),
                            peer_failed=peer_failed, timed_out=timed_out)
 
 
@@ -112,3 +115,47 @@ def guarded(what: str, rank: int, peers: Iterable[int] = (),
     except (RuntimeError, ValueError, OSError) as error:  # gloo/NCCL/MPI backend errors
         raise _describe(error, what, rank, peers, time.perf_counter() - start,
                         timeout) from error
+
+
+def _raised_by_a_collective(error: BaseException) -> Optional[str]:
+    r"""Where the collective that raised :obj:`error` was called from (``module.function`` of
+    the innermost frame outside ``torch``), or ``None`` if no ``torch.distributed`` frame is
+    on its traceback (then it is not a backend error of a collective)."""
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    files = [f.f_code.co_filename.replace("\\", "/") for f in frames]
+    if not any("/torch/distributed/" in name for name in files):
+        return None
+    for frame, name in zip(reversed(frames), reversed(files)):
+        if "/torch/" not in name:
+            module = frame.f_globals.get("__name__", "?")
+            return f"{module}.{frame.f_code.co_name}"
+    return "torch.distributed"
+
+
+def from_backend_error(error: BaseException, rank: int, peers: Iterable[int],
+                       timeout: Union[None, float, timedelta]) -> Optional[CollectiveError]:
+    r"""A :class:`CollectiveError` for a backend error raised by a collective that did not run
+    through :func:`guarded` (Lightning's barrier and broadcasts, a metric's synchronization),
+    or ``None`` when :obj:`error` is not one.
+
+    The collective's caller is read off the traceback, so the message names it (e.g.
+    ``torchmetrics.utilities.distributed.gather_all_tensors`` for a metric's ``compute``).
+
+    Args:
+        error (BaseException): The exception that ended the run.
+        rank (int): This rank.
+        peers (Iterable[int]): The other ranks of the process group.
+        timeout (float or timedelta, optional): The timeout the group had.
+    """
+    if isinstance(error, CollectiveError) or not isinstance(error, (RuntimeError, OSError)):
+        return None
+    where = _raised_by_a_collective(error)
+    if where is None:
+        return None
+    what = f"a collective outside the halo exchange (called by {where})"
+    translated = _describe(error, what, rank, peers, None, timeout)
+    return translated if translated.peer_failed or translated.timed_out else None

@@ -8,17 +8,19 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from ..parallel.dims import FourDDims
 from ..parallel.mesh import FourDMesh
 from ..parallel.surgery import GridSplit
+from .faults import BoundedRunMixin, as_timedelta, refuse_unknown_arguments
 
 __all__ = ["FourDStrategy"]
 
 
-class FourDStrategy(DDPStrategy):
+class FourDStrategy(BoundedRunMixin, DDPStrategy):
     r"""Trains on uniformly sampled mini-batches (ScaleGNN), each data-parallel replica its
     own, with every :class:`~lightning_fullgraph.parallel.ScaleGNN` of the model split over an
     ``x * y * z`` grid of processes (:class:`~lightning_fullgraph.parallel.Grid3DScaleGNN`).
@@ -44,14 +46,25 @@ class FourDStrategy(DDPStrategy):
         grid (Tuple[int, int, int]): ``(x, y, z)`` processes per replica.
         seed (int): Seed of the split layers' dropout masks.
         bf16_comm (bool): Send the parallel matmuls' partial sums and their gradients as
-            bfloat16, summed in fp32 (ScaleGNN §V; lossy, half those bytes).
-        timeout (timedelta or float): Collective timeout of the grid's groups.
+            bfloat16, summed in fp32 (ScaleGNN §V; lossy, half those bytes; announced with a
+            warning at setup).
+        timeout (timedelta or float): Collective timeout of training: the grid's groups and,
+            after start-up, Lightning's own collectives (see
+            :class:`~lightning_fullgraph.FullGraphStrategy`); a stuck peer ends the run with a
+            :class:`~lightning_fullgraph.engine.CollectiveError`.
+        startup_timeout (timedelta or float): Timeout of the rendezvous of the processes.
         num_threads (int, optional): Torch threads per process (default: the node's cores
             divided by its processes).
         log_communication (bool): Add a
             :class:`~lightning_fullgraph.callbacks.CommunicationMonitor` (the grid's bytes
             per epoch, ``comm/sent_MB``) unless one is set.
-        **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`.
+        **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`:
+            ``process_group_backend``, ``start_method``, ``cluster_environment``,
+            ``checkpoint_io``, ``accelerator``, ``parallel_devices``, ``precision_plugin``;
+            anything else is refused with a ``TypeError``.
+
+    SIGTERM is acted on by every process at the next step, as in
+    :class:`~lightning_fullgraph.FullGraphStrategy` (:mod:`~lightning_fullgraph.strategies.faults`).
     """
 
     strategy_name = "4d"
@@ -59,12 +72,14 @@ class FourDStrategy(DDPStrategy):
     def __init__(self, dp: Optional[int] = None, grid: Tuple[int, int, int] = (1, 1, 1),
                  seed: int = 0, bf16_comm: bool = False,
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
+                 startup_timeout: Union[float, timedelta] = timedelta(minutes=30),
                  num_threads: Optional[int] = None, log_communication: bool = True,
                  **kwargs: Any) -> None:
         FourDDims.of(1 if dp is None else dp, grid)  # refuse bad values now, not per rank
-        if isinstance(timeout, (int, float)):
-            timeout = timedelta(seconds=float(timeout))
-        super().__init__(timeout=timeout, **kwargs)
+        refuse_unknown_arguments(type(self).__name__, kwargs, _OWN_ARGUMENTS)
+        timeout = as_timedelta(timeout, "timeout")
+        super().__init__(timeout=as_timedelta(startup_timeout, "startup_timeout"), **kwargs)
+        self._init_bounded_run(timeout)
         self.dp, self.grid, self.seed = dp, tuple(grid), int(seed)
         self.bf16_comm = bool(bf16_comm)
         self.num_threads = num_threads
@@ -84,14 +99,24 @@ class FourDStrategy(DDPStrategy):
                 1, (os.cpu_count() or 1) // max(1, self.num_processes)))
         trainer = getattr(self.lightning_module, "trainer", None) \
             if self.lightning_module is not None else None
-        if trainer is not None and self.log_communication:
-            from ..callbacks import CommunicationMonitor
-            if not any(isinstance(c, CommunicationMonitor) for c in trainer.callbacks):
-                trainer.callbacks.append(CommunicationMonitor())
+        if trainer is not None:
+            # Before Lightning restores a checkpoint: every rank's random state and the grid's
+            # dropout step counters come back from it (a resume draws the same masks).
+            from ..callbacks import CommunicationMonitor, RandomStateCheckpoint
+            wanted = [RandomStateCheckpoint] + ([CommunicationMonitor]
+                                                if self.log_communication else [])
+            for kind in wanted:
+                if not any(isinstance(c, kind) for c in trainer.callbacks):
+                    trainer.callbacks.append(kind())
 
     def setup(self, trainer) -> None:
-        self.mesh = FourDMesh.create(self.dims, timeout=self._timeout)
+        self.mesh = FourDMesh.create(self.dims, timeout=self.collective_timeout)
+        if self.bf16_comm:
+            rank_zero_warn("FourDStrategy(bf16_comm=True): the parallel matmuls' partial sums "
+                           "cross the wire as bfloat16; training is not exact (bf16_comm=False "
+                           "for fp32)", category=UserWarning)
         super().setup(trainer)
+        self._bound_collectives()
 
     def configure_ddp(self) -> None:
         # No DistributedDataParallel wrapper: gradients are reduced by backward() below.
@@ -128,6 +153,23 @@ class FourDStrategy(DDPStrategy):
             convert = self.precision_plugin.convert_input
             batch = batch.apply(lambda t: convert(t) if t.is_floating_point() else t)
         return batch
+
+    # -- steps: every rank passes here at the same point, where signals are agreed on -------
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._sync_signals()
+        return super().training_step(*args, **kwargs)
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._sync_signals()
+        return super().validation_step(*args, **kwargs)
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._sync_signals()
+        return super().test_step(*args, **kwargs)
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._sync_signals()
+        return super().predict_step(*args, **kwargs)
 
     # -- gradients --------------------------------------------------------------------------
     def backward(self, closure_loss: Tensor, optimizer: Optional[Any], *args: Any,
@@ -191,5 +233,8 @@ class FourDStrategy(DDPStrategy):
             strategy_registry.register(
                 "4d", cls, description="ScaleGNN 4-D mini-batch training (lightning-fullgraph)")
 
+
+_OWN_ARGUMENTS = ("dp", "grid", "seed", "bf16_comm", "timeout", "startup_timeout", "num_threads",
+                  "log_communication")
 
 FourDStrategy.register_strategies(StrategyRegistry)

@@ -17,12 +17,16 @@ rank-zero checkpointing are inherited) around :class:`~lightning_fullgraph.engin
 * ``predict_step``: returns node predictions in global node order on every rank;
 * ``teardown``: reverts the model to its original form.
 
-Faults: the engine's collectives run on their own process group whose timeout is the
-strategy's ``timeout``, while start-up (rendezvous, waiting for rank 0 to partition) uses
-``startup_timeout``; a failing collective raises a
-:class:`~lightning_fullgraph.engine.CollectiveError` naming the exchange, the peers and the
-option.  SIGTERM and SLURM's requeue signal are acted on by all ranks together at the next
-step (:class:`~.signals.DeferredSignals`), never inside a signal handler.
+Faults (:mod:`~.faults`): the engine's collectives run on their own process group whose
+timeout is the strategy's ``timeout``; start-up (rendezvous, waiting for rank 0 to partition)
+uses ``startup_timeout``, after which Lightning's own collectives are bounded by ``timeout``
+too.  A failing collective raises a :class:`~lightning_fullgraph.engine.CollectiveError`
+naming the collective, the peers and the option.  SIGTERM and SLURM's requeue signal are
+acted on by all ranks together at the next step (:class:`~.signals.DeferredSignals`), never
+inside a signal handler, and a rank blocked in a collective ends on SIGTERM within
+:data:`~.signals.STOP_GRACE_SECONDS`.  The library's own collectives never run where Lightning
+may synchronize a metric on rank 0 alone (the end of a training epoch: the progress bar
+computes epoch metrics there on rank 0 only).
 """
 import atexit
 import logging
@@ -37,7 +41,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch_geometric.data.data import BaseData
 
@@ -45,7 +49,7 @@ from .. import compat
 from ..engine import (AsyncPipeline, BoundarySampling, Codec, ExchangePolicy, FullGraphEngine,
                       HaloCache)
 from ..engine.aggregation import MODES as AGGREGATION_MODES
-from .signals import DeferredSignals
+from .faults import BoundedRunMixin, as_timedelta, refuse_unknown_arguments
 
 compat.require("lightning")
 
@@ -63,7 +67,7 @@ def _close_process_group() -> None:
         dist.destroy_process_group()
 
 
-class FullGraphStrategy(DDPStrategy):
+class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
     r"""Trains an unmodified PyG model full-graph on a graph partitioned across processes.
 
     Use it with :class:`~lightning_fullgraph.FullGraphDataModule`::
@@ -135,20 +139,25 @@ class FullGraphStrategy(DDPStrategy):
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
             pure scheme), ``"post"`` (send source rows) or ``"pre"`` (send partial
             aggregates).  Lossless in every mode; other layers always post-aggregate.
-        timeout (timedelta or float): Collective timeout of training (halo exchanges,
-            gradient and BatchNorm all-reduces, the per-step signal agreement): a rank
-            whose peer is stuck raises a :class:`~lightning_fullgraph.engine.CollectiveError`
-            after at most this long (a peer that died is noticed at once).
-        startup_timeout (timedelta or float): Timeout of start-up and of Lightning's own
-            collectives: rendezvous of the processes, waiting while rank 0 partitions the
-            graph, checkpoint and metric synchronization.  Kept apart from :obj:`timeout`
-            so a short dead-peer timeout does not fail start-up on a loaded machine.
+        timeout (timedelta or float): Collective timeout of training: every collective
+            after start-up, the engine's (halo exchanges, gradient and BatchNorm all-reduces,
+            the per-step signal agreement) and Lightning's own (metric synchronization,
+            checkpoint barriers).  A rank whose peer is stuck raises a
+            :class:`~lightning_fullgraph.engine.CollectiveError` naming the collective and
+            the peers after at most this long (a peer that died is noticed at once).
+        startup_timeout (timedelta or float): Timeout of start-up: rendezvous of the
+            processes and the wait while rank 0 partitions the graph.  Kept apart from
+            :obj:`timeout` so a short dead-peer timeout does not fail start-up on a loaded
+            machine.
         num_threads (int, optional): Torch intra-op threads per rank (default: the
             node's cores divided by the processes on it).
         log_communication (bool): Add a
             :class:`~lightning_fullgraph.callbacks.CommunicationMonitor` unless one is set.
-        **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`
-            (``process_group_backend``, ``start_method``, ``cluster_environment``, ...).
+        **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`:
+            ``process_group_backend``, ``start_method``, ``cluster_environment``,
+            ``checkpoint_io``, ``accelerator``, ``parallel_devices``, ``precision_plugin``.
+            Anything else (a misspelled option, DistributedDataParallel's options, which do
+            not apply: the model is never wrapped in DDP) is refused with a ``TypeError``.
     """
 
     strategy_name = "fullgraph"
@@ -173,10 +182,11 @@ class FullGraphStrategy(DDPStrategy):
         if aggregation not in AGGREGATION_MODES:
             raise ValueError(f"aggregation must be one of {AGGREGATION_MODES}, "
                              f"got {aggregation!r}")
-        timeout, startup_timeout = _timedelta(timeout, "timeout"), \
-            _timedelta(startup_timeout, "startup_timeout")
+        refuse_unknown_arguments(type(self).__name__, kwargs, _OWN_ARGUMENTS)
+        timeout, startup_timeout = as_timedelta(timeout, "timeout"), \
+            as_timedelta(startup_timeout, "startup_timeout")
         super().__init__(timeout=startup_timeout, **kwargs)
-        self.collective_timeout = timeout
+        self._init_bounded_run(timeout)
         self.loss_mask = loss_mask
         self.loss_reduction = loss_reduction
         self.trusted_layers = tuple(trusted_layers)
@@ -186,6 +196,7 @@ class FullGraphStrategy(DDPStrategy):
             raise ValueError(f"huge_pages must be None, True or False, got {huge_pages!r}")
         self.huge_pages = huge_pages
         self.codec = codec
+        ExchangePolicy.of(codec)  # an unknown codec name fails here, not at setup on every rank
         self.cache = HaloCache.of(cache)  # validated now, not at setup on every rank
         self.pipeline = AsyncPipeline.of(pipeline)
         self.boundary_sampling = BoundarySampling.of(boundary_sampling)
@@ -200,7 +211,6 @@ class FullGraphStrategy(DDPStrategy):
         # the same data module comes back for validate/test/predict after fit.
         self._taken_over: Optional[Tuple[Any, Any]] = None
         self._group: Optional[Any] = None
-        self._signals: Optional[DeferredSignals] = None
         self._huge_pages: Optional[Any] = None  # kernels.huge_pages.HugePagesHandle
         #: Whether the last setup put large CPU tensors in huge pages (``huge_pages``).
         self.huge_pages_active = False
@@ -221,8 +231,8 @@ class FullGraphStrategy(DDPStrategy):
             self._huge_pages = huge_pages.enable_for_kernels(self.huge_pages)
             self.huge_pages_active = huge_pages.is_active()
             if self.huge_pages_active:
-                rank_zero_info("FullGraphStrategy: large CPU tensors in transparent huge pages "
-                               "(LIGHTNING_FULLGRAPH_HUGE_PAGES=0 keeps 4 KiB pages)")
+                log.info("FullGraphStrategy: large CPU tensors in transparent huge pages "
+                         "(LIGHTNING_FULLGRAPH_HUGE_PAGES=0 keeps 4 KiB pages)")
         # Here, before the Trainer calls any data hook (prepare_data comes next).
         self._take_over_data()
 
@@ -353,8 +363,11 @@ class FullGraphStrategy(DDPStrategy):
                            f"or cache ({self.engine.policy.describe()}); training is not exact "
                            "(use codec=None, cache=None for the single-process result)",
                            category=UserWarning)
-        self._signals = DeferredSignals(group, self.collective_timeout)
         super().setup(trainer)
+        self._bound_collectives()
+
+    def _signal_group(self) -> Optional[Any]:
+        return self._engine_group()
 
     def configure_ddp(self) -> None:
         # Attach instead of wrapping in DistributedDataParallel: gradients are summed by
@@ -399,34 +412,10 @@ class FullGraphStrategy(DDPStrategy):
         return closure_loss
 
     # -- steps: every rank passes here at the same point, where signals are agreed on -----
-    def on_train_start(self) -> None:
-        super().on_train_start()
-        self._install_signals()
-
     def on_train_end(self) -> None:
         super().on_train_end()
         if self.engine is not None:
             self.engine.drain()  # the pipeline's last transfers, before anything else
-
-    def on_validation_start(self) -> None:
-        super().on_validation_start()
-        self._install_signals()
-
-    def on_test_start(self) -> None:
-        super().on_test_start()
-        self._install_signals()
-
-    def on_predict_start(self) -> None:
-        super().on_predict_start()
-        self._install_signals()
-
-    def _install_signals(self) -> None:
-        if self._signals is not None and self.lightning_module is not None:
-            self._signals.install(self.lightning_module.trainer)
-
-    def _sync_signals(self) -> None:
-        if self._signals is not None and self.lightning_module is not None:
-            self._signals.sync(self.lightning_module.trainer)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         self._sync_signals()
@@ -499,17 +488,9 @@ def _data_error(problem: str, fix: str) -> str:
             f"LightningNodeData(data, loader='full'), which it partitions): {problem}. Fix: {fix}.")
 
 
-def _timedelta(value: Any, name: str) -> timedelta:
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    else:
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"{name} must be seconds or a timedelta, got {value!r}") from None
-    if not seconds > 0:
-        raise ValueError(f"{name} must be positive, got {seconds} s")
-    return timedelta(seconds=seconds)
-
+_OWN_ARGUMENTS = ("loss_mask", "loss_reduction", "trusted_layers", "sync_batchnorm", "kernels",
+                  "huge_pages", "codec", "cache", "pipeline", "boundary_sampling", "overlap",
+                  "aggregation", "timeout", "startup_timeout", "num_threads",
+                  "log_communication")
 
 FullGraphStrategy.register_strategies(StrategyRegistry)

@@ -12,6 +12,15 @@ At the start of every step, where all ranks are at the same point, one all-reduc
 rank whether any rank was signalled; then all ranks run the requeue handler together (it
 saves the checkpoint), or all stop with Lightning's ``SIGTERMException``.  A second SIGTERM
 to a rank that is still busy ends that process at once.
+
+A Python signal handler runs only when the main thread executes Python code.  A rank blocked
+in a collective (a peer is stuck, or ordered its collectives differently) never runs it, so
+SIGTERM alone, however often sent, would not stop it.  :class:`DeferredSignals` therefore runs
+a :class:`~lightning_fullgraph.stop_watchdog.StopWatchdog` from start-up on: if the process has
+not stopped :data:`~lightning_fullgraph.stop_watchdog.STOP_GRACE_SECONDS` after the first
+SIGTERM (or Ctrl-C), or a second one arrives, it forwards the signal to the processes Lightning
+launched and ends the process; its peers then see a closed connection and stop with a
+:class:`~lightning_fullgraph.engine.CollectiveError` at once.
 """
 import logging
 import os
@@ -24,14 +33,14 @@ import torch.distributed as dist
 
 from .. import compat
 from ..engine.errors import guarded
+from ..stop_watchdog import STOP_GRACE_SECONDS, StopWatchdog
 
-__all__ = ["DeferredSignals"]
+__all__ = ["DeferredSignals", "StopWatchdog", "STOP_GRACE_SECONDS"]
 
 log = logging.getLogger(__name__)
 
 _STOP, _REQUEUE = 0, 1
 _MARK = "_lightning_fullgraph_signals"
-
 
 class DeferredSignals:
     r"""Records termination signals and acts on them at the next step, on every rank.
@@ -41,13 +50,27 @@ class DeferredSignals:
         timeout (float or timedelta, optional): Its timeout, for messages.
     """
 
-    def __init__(self, group: Optional[Any] = None, timeout: Optional[Any] = None) -> None:
+    def __init__(self, group: Optional[Any] = None, timeout: Optional[Any] = None,
+                 grace: float = STOP_GRACE_SECONDS) -> None:
         self.group = group
         self.timeout = timeout
         self.pending = [False, False]  # [stop, requeue]
         self._installed: Dict[int, Any] = {}
         self._trainer = None
         self._forwarded = False
+        self._lock = threading.Lock()
+        self.watchdog = StopWatchdog(grace, on_signal=self._forward)
+
+    def watch(self, trainer: Any = None) -> None:
+        r"""Starts the :class:`StopWatchdog` (from start-up on: a rank blocked in the
+        rendezvous or in the wait for rank 0's partitioning must stop on SIGTERM too)."""
+        if trainer is not None:
+            self._trainer = trainer
+        self.watchdog.start()
+
+    def unwatch(self) -> None:
+        r"""Stops the watchdog unless a signal arrived (then the process must still end)."""
+        self.watchdog.stop()
 
     # -- handlers ------------------------------------------------------------------------
     def install(self, trainer: Any) -> None:
@@ -98,13 +121,17 @@ class DeferredSignals:
         return handle
 
     def _forward(self, signum: int) -> None:
-        # As Lightning does: the launching process passes the signal to the ones it started.
-        if self._forwarded or self._trainer is None:
-            return
-        launcher = getattr(self._trainer.strategy, "launcher", None)
-        if launcher is not None and getattr(launcher, "procs", None):
+        # As Lightning does: the launching process passes the signal to the ones it started,
+        # once (the handler and the watchdog both see the first signal; a second SIGTERM
+        # would end a child at once instead of at its next step).
+        with self._lock:
+            if self._forwarded or self._trainer is None:
+                return
+            launcher = getattr(self._trainer.strategy, "launcher", None)
+            if launcher is None or not getattr(launcher, "procs", None):
+                return
             self._forwarded = True
-            launcher.kill(signum)
+        launcher.kill(signum)
 
     # -- agreement -----------------------------------------------------------------------
     def sync(self, trainer: Any) -> None:
@@ -117,7 +144,8 @@ class DeferredSignals:
                              dtype=torch.int32)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(self.group) > 1:
             rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-            with guarded("signal agreement all-reduce", rank, range(world), self.timeout):
+            with guarded("signal agreement all-reduce (start of a step)", rank,
+                         (r for r in range(world) if r != rank), self.timeout):
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         stop, requeue = (bool(v) for v in flags.tolist())
         connector = compat.signal_connector(trainer)

@@ -4,6 +4,7 @@ Each test runs ``train_script.py`` the way users run a training script (Lightnin
 it once per extra rank) and watches every process of the job.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,31 +80,45 @@ def _run(tmp_path, *args, limit=120):
 MOMENTS = [(2, 0.0), (3, 0.005), (4, 0.02), (5, 0.05), (6, 0.1), (8, 0.2)]
 
 
-def _sigterm_at(tmp_path, epoch, delay):
-    r"""Starts a job, sends SIGTERM to rank 0 at :obj:`epoch` (+ :obj:`delay` s); returns what
-    went wrong (``None``: every process stopped within 30 s, cleanly)."""
-    tmp_path.mkdir()
-    proc = _start(tmp_path, "--epochs", 100000, "--timeout", 60)
-    for line in proc.stdout:  # rank 0's progress (stderr is read at the end)
-        if f"EPOCH {epoch} RANK 0" in line:
-            break
-        if any(f"EPOCH {later} RANK 0" in line for later in range(epoch + 1, epoch + 50)):
+def _until(proc, epoch, rank):
+    r"""Reads the job's stdout until rank :obj:`rank` starts :obj:`epoch`; returns the pids of
+    the ranks seen so far (by rank), or a string saying what went wrong."""
+    pids = {}
+    for line in proc.stdout:  # the ranks' progress (stderr is read at the end)
+        match = re.match(r"EPOCH (\d+) RANK (\d+) PID (\d+)", line)
+        if match is None:
+            continue
+        seen, who = int(match[1]), int(match[2])
+        pids[who] = int(match[3])
+        if (seen, who) == (epoch, rank):
+            return pids
+        if who == rank and seen > epoch:
             for p in psutil.Process(proc.pid).children(recursive=True) + [proc]:
                 p.kill()
             proc.wait()
             return f"missed the start of epoch {epoch}: {line!r}"
-    else:
-        proc.wait()
-        proc.log.seek(0)
-        return "training ended before the signal: " + proc.log.read()[-3000:]
+    proc.wait()
+    proc.log.seek(0)
+    return "training ended before the moment: " + proc.log.read()[-3000:]
+
+
+def _sigterm_at(tmp_path, epoch, delay, rank=0, *args, clean=True, limit=30):
+    r"""Starts a job, sends SIGTERM to rank :obj:`rank` at :obj:`epoch` (+ :obj:`delay` s);
+    returns what went wrong (``None``: every process stopped within :obj:`limit` s, and, with
+    :obj:`clean`, without a traceback)."""
+    tmp_path.mkdir()
+    proc = _start(tmp_path, "--epochs", 100000, "--timeout", 60, *args)
+    pids = _until(proc, epoch, rank)
+    if isinstance(pids, str):
+        return pids
     children = _children(proc, 1)
     time.sleep(delay)
     start = time.monotonic()
-    os.kill(proc.pid, signal.SIGTERM)
-    alive, _, stderr = _wait_all(proc, children, 30)
-    if alive or time.monotonic() - start >= 30:
-        return f"{len(alive)} process(es) still running after 30 s: {stderr[-3000:]}"
-    if "Traceback" in stderr:  # a clean stop, not a crash
+    os.kill(pids[rank], signal.SIGTERM)
+    alive, _, stderr = _wait_all(proc, children, limit)
+    if alive or time.monotonic() - start >= limit:
+        return f"{len(alive)} process(es) still running after {limit} s: {stderr[-3000:]}"
+    if clean and "Traceback" in stderr:  # a clean stop, not a crash
         return stderr[-3000:]
     return None
 
@@ -154,3 +169,56 @@ def test_label_out_of_range_stops_every_rank_with_the_cause(tmp_path):
     assert "the graph's labels reach 99" in stderr, stderr[-4000:]
     assert "in training_step; the other ranks stop" in stderr, stderr[-4000:]
     assert "num_classes is inferred as 100" in stderr, stderr[-4000:]  # the warning
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,rank", [("fullgraph", 1), ("4d", 0), ("4d", 1)])
+def test_sigterm_to_any_rank_stops_every_process(tmp_path, strategy, rank):
+    # FourDStrategy kept Lightning's handler, which broadcasts inside the signal handler: every
+    # rank hung for the collective timeout, then failed with a raw gloo error.
+    failed = _sigterm_at(tmp_path / "job", 3, 0.01, rank, "--strategy", strategy)
+    assert failed is None, failed
+
+
+@pytest.mark.multiprocess
+def test_a_metric_in_the_progress_bar_does_not_deadlock(tmp_path):
+    # PyG's Lightning example logs a torchmetrics metric per epoch in the progress bar. At the
+    # epoch's end Lightning's progress bar synchronizes it on rank 0 alone, while the other
+    # rank was already in CommunicationMonitor's all-reduce: a deadlock until the start-up
+    # timeout (30 minutes).
+    code, stdout, stderr = _run(tmp_path, "--log-train-acc", "--progress-bar", "--epochs", 3,
+                                "--timeout", 30, limit=150)
+    assert code == 0, stderr[-4000:]
+    assert "RESULT" in stdout
+
+
+@pytest.mark.multiprocess
+def test_a_rank_stuck_between_steps_is_bounded_by_the_collective_timeout(tmp_path):
+    # Rank 1 sleeps in on_train_epoch_end, where no collective of the library runs: the other
+    # rank waited in default-group collectives under the 30-minute start-up timeout.
+    proc = _start(tmp_path, "--timeout", 5, "--stall-in", "epoch_end", "--stall-rank", 1,
+                  "--stall-epoch", 2, "--stall-seconds", 120, "--epochs", 6)
+    pids = _until(proc, 2, 1)
+    assert not isinstance(pids, str), pids
+    start = time.monotonic()
+    alive, _, stderr = _wait_all(proc, _children(proc, 1), 60)
+    assert not alive and time.monotonic() - start < 30, (time.monotonic() - start,
+                                                          stderr[-4000:])
+    assert proc.returncode != 0
+    assert "CollectiveError: rank 0:" in stderr, stderr[-4000:]
+    assert "timed out (collective timeout 5 s)" in stderr, stderr[-4000:]
+    assert "with rank(s) 1" in stderr, stderr[-4000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("blocked", [0, 1])
+def test_sigterm_ends_a_rank_blocked_in_a_collective(tmp_path, blocked):
+    # The other rank sleeps between steps; the blocked one waits in a collective (timeout
+    # 60 s), where no Python signal handler runs: SIGTERM, even sent three times, did nothing.
+    stuck = 1 - blocked
+    failed = _sigterm_at(tmp_path / "job", 2, 2.0, blocked, "--stall-in", "epoch_end",
+                         "--stall-rank", stuck, "--stall-epoch", 1, "--stall-seconds", 120,
+                         clean=False)
+    assert failed is None, failed
