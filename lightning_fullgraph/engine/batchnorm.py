@@ -9,6 +9,18 @@ GPUs only, so this module does it with autograd-aware collectives on any device.
 :func:`convert_batchnorm` swaps every ``BatchNorm1d`` for a
 :class:`DistributedBatchNorm` that shares its parameters and buffers (state-dict
 keys and optimizer state are untouched); :func:`revert_batchnorm` swaps back.
+
+The running statistics move as one process moves them (``tests/engine/test_batchnorm_*.py``;
+after training steps ``tests/engine/test_models.py`` and ``test_exactness.py``).  One effect is
+not the engine's and shows between any two fp32 runs: a bias right before a BatchNorm (the
+conv's bias in PyG's ``GraphSAGE(..., norm=BatchNorm1d(...))``) has a mathematically zero
+gradient, computed as rounding noise whose sign depends on the summation order.  Adam divides
+each coordinate by its own magnitude and so moves that bias by whole learning rates; the
+running mean follows the bias, so ``running_mean`` and eval-mode outputs drift apart while
+train-mode outputs, invariant to that bias, agree (on Cora, 15 % of ``running_mean`` after 5
+steps between two ranks and one process -- and between one process and itself with its nodes
+in another order).  In float64, with a step proportional to the gradient (SGD), or without
+that bias, partitioned training keeps the single-process statistics.
 """
 from typing import Any, List, Optional, Tuple
 
@@ -79,8 +91,9 @@ class DistributedBatchNorm(_BatchNorm):
         out = centred * torch.rsqrt(var + self.eps)
         if self.affine:
             out = out * self.weight + self.bias
-        if input.dim() == 3:
-            out = out.reshape(input.size(0), input.size(2), -1).transpose(1, -1)
+        if input.dim() == 3:  # (the channel count, not -1: a rank may hold no node)
+            out = out.reshape(input.size(0), input.size(2), self.num_features)
+            out = out.transpose(1, -1)
         return out
 
 

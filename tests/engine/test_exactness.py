@@ -1,4 +1,6 @@
-"""Partitioned execution equals single-process PyG: logits, gradients, trajectories.
+"""Partitioned execution equals single-process PyG: logits, gradients, trajectories, and
+after the trajectories the BatchNorm buffers (running statistics, ``num_batches_tracked``) and
+the eval-mode logits, which use them.
 
 Every comparison is per tensor (one parameter cannot hide behind a larger one), relative to
 the tensor's own magnitude: fp32 within 1e-5, float64 within 1e-10.
@@ -35,6 +37,19 @@ def _per_tensor(model, ref, what) -> dict:
     r"""``{parameter name: relative error}`` of ``what(p)`` against ``what(q)``."""
     return {name: _rel(what(p), what(q))
             for (name, p), q in zip(model.named_parameters(), ref.parameters())}
+
+
+def _buffers(model, ref) -> dict:
+    r"""``{buffer name: relative error}`` (``num_batches_tracked`` must be equal: 0 or 1)."""
+    return {name: (0.0 if torch.equal(b, c) else 1.0) if not b.is_floating_point()
+            else _rel(b, c) for (name, b), c in zip(model.named_buffers(), ref.buffers())}
+
+
+def _eval_logits(model, ref, data, local, engine, dtype) -> float:
+    r"""Eval-mode logits (running statistics) against one process; leaves both in eval mode."""
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        return _rel(engine.gather(model(*_inputs(local, dtype))), ref(*_inputs(data, dtype)))
 
 
 def _inputs(data, dtype):
@@ -99,15 +114,15 @@ def _compare_all_layers(rank: int, world_size: int, aggregation: str = "post"):
         # Adam's eps so the comparison measures the engine alone.
         if kind not in NEAR_DEGENERATE:
             err["params32"] = _trajectory(ref, model, data, local, engine, torch.float32)
+            err["buffers32"] = _buffers(model, ref)
+            err["eval32"] = _eval_logits(model, ref, data, local, engine, torch.float32)
         engine.detach()
         ref, model = _pair(kind, data, engine, torch.float64)
         err["params64"] = _trajectory(ref, model, data, local, engine, torch.float64)
 
         # Eval mode uses the synchronized running statistics.
-        model.eval(), ref.eval()
-        with torch.no_grad():
-            err["eval64"] = _rel(engine.gather(model(*_inputs(local, torch.float64))),
-                                 ref(*_inputs(data, torch.float64)))
+        err["buffers64"] = _buffers(model, ref)
+        err["eval64"] = _eval_logits(model, ref, data, local, engine, torch.float64)
         engine.detach()
         errors[kind] = err
     return errors
@@ -140,6 +155,14 @@ def test_partitioned_equals_single_process(world_size, aggregation):
             where = (rank, kind)
             assert err["logits"] < FP32, (where, err)
             assert err["eval64"] < FP64, (where, err)
+            assert set(err["buffers64"]) == {"bn.running_mean", "bn.running_var",
+                                             "bn.num_batches_tracked"}, (where, err)
+            for name, value in err["buffers64"].items():
+                assert value < FP64, (where, "float64 buffer", name, value)
+            for name, value in err.get("buffers32", {}).items():
+                assert value < TRAJECTORY32[aggregation], (where, "fp32 buffer", name, value)
+            if "eval32" in err:
+                assert err["eval32"] < TRAJECTORY32[aggregation], (where, "fp32 eval", err)
             for name, value in err["grads"].items():
                 assert value < FP32, (where, "grad", name, value)
             for name, value in err.get("params32", {}).items():
