@@ -12,8 +12,17 @@ DistributedDataParallel, whose gradient averaging is wrong for partitions)::
     for epoch in range(200):
         optimizer.zero_grad()
         out = model(data.x, data.edge_index)
-        engine.backward(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]))
+        loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+        fabric.backward(loss)  # or loss.backward(), or engine.backward(loss)
         optimizer.step()
+
+All three backward calls give the single-process gradient on every rank: the engine's
+gradient hooks weight the model output's gradient by the rank's share of the loss and average
+the parameter gradients over the ranks (see :class:`~.engine.gradients.BackwardHooks`).
+``engine.backward(loss)`` weights the loss itself, so it also covers loss terms that do not
+come from the model's output; a backward that reaches the model's parameters without passing
+through its output is refused on every rank
+(:class:`~.engine.gradients.UnreducedBackwardError`).
 
 ScaleGNN's 4-D mini-batch training the same way (:func:`setup_fourd`; the model is split over
 the grid in place, and not passed through ``fabric.setup`` either)::
@@ -58,9 +67,11 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
                     loss_mask: str = "train_mask",
                     timeout: Optional[float] = None,
                     aggregation: str = "hybrid", cache: Any = None,
-                    pipeline: Any = None, boundary_sampling: Any = None) -> FullGraphEngine:
+                    pipeline: Any = None, boundary_sampling: Any = None,
+                    loss_reduction: str = "mean") -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
-    :obj:`model` to it.
+    :obj:`model` to it.  Train with ``fabric.backward(loss)``, ``loss.backward()`` or
+    ``engine.backward(loss)`` (the same gradients; see the module docstring).
 
     Args:
         fabric (lightning.fabric.Fabric): A launched Fabric.
@@ -72,6 +83,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         codec (Codec, optional): Wire codec of the halo exchange.
         trusted_layers (Iterable[type]): Extra layer classes declared exact.
         loss_mask (str): Mask whose mean the loss is.
+        loss_reduction (str): ``"mean"`` (the loss is a mean over :obj:`loss_mask`) or
+            ``"sum"`` (a sum over the rank's nodes).
         timeout (float, optional): Collective timeout (seconds) of the engine's own
             process group; Fabric's group (start-up, its collectives) keeps its timeout.
         aggregation (str): ``"hybrid"`` (default), ``"post"`` or ``"pre"`` (see
@@ -110,7 +123,7 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
     engine = FullGraphEngine(partition, group=group, codec=codec, cache=cache,
                              pipeline=pipeline, sampling=boundary_sampling,
                              loss_mask=loss_mask, timeout=timeout,
-                             aggregation=aggregation)
+                             aggregation=aggregation, loss_reduction=loss_reduction)
     model.to(fabric.device)
     engine.to(fabric.device)
     engine.attach(model, trusted_layers=trusted_layers)

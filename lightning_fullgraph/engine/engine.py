@@ -10,19 +10,31 @@ wrap; it can equally be used in a hand-written training loop::
     data = engine.data                         # rank-local Data
     out = model(data.x, data.edge_index)
     loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
-    engine.backward(loss)                      # exact global gradient on every rank
+    loss.backward()                            # exact global gradient on every rank
     optimizer.step()
+
+A plain ``loss.backward()`` (or ``fabric.backward(loss)``) gives the single-process gradient
+through gradient hooks (:class:`~.gradients.BackwardHooks`, as DDP's): the gradient of the
+attached model's output is weighted by the rank's share of the loss and the parameter
+gradients are averaged over the ranks when the pass completes.  ``engine.backward(loss)`` does
+the same by weighting the loss itself, and also covers loss terms that depend on the rank's
+nodes without coming from the model's output.  A training-mode backward that reaches the
+model's parameters without passing through its output (a submodule called directly) is
+refused on every rank (:class:`~.gradients.UnreducedBackwardError`); eval mode and
+``torch.autograd.grad`` are left alone.
 """
 from typing import Any, Iterable, Optional, Tuple, Type
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.data import Data
 
 from .aggregation import MODES, AggregationRouter
 from .exchange import HaloExchange
 from .gather import gather_nodes
-from .gradients import all_reduce_gradients, broadcast_parameters, loss_weight, reduce_backward
+from .gradients import (BackwardHooks, all_reduce_gradients, broadcast_parameters, loss_weight,
+                        reduce_backward)
 from .partitioned import PartitionedModel, partition_model
 from .policy import ExchangePolicy
 from .static import StaticCache
@@ -63,6 +75,9 @@ class FullGraphEngine:
             default none); combinable with :obj:`cache`, not with :obj:`pipeline`.
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
+        loss_reduction (str): ``"mean"`` (default: the loss is a mean over :obj:`loss_mask`,
+            weighted by the rank's share) or ``"sum"`` (a sum over the rank's nodes, not
+            weighted), for :meth:`backward` and a plain ``loss.backward()``.
         timeout (float or timedelta, optional): The collective timeout of
             :obj:`group`, named in error messages (the group enforces it: create it
             with ``dist.new_group(timeout=...)`` or ``init_process_group(timeout=...)``).
@@ -91,9 +106,11 @@ class FullGraphEngine:
                  timeout: Optional[Any] = None,
                  aggregation: str = "hybrid", seed: int = 0,
                  cache_static: bool = True, ranks_per_host: Optional[int] = None,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, loss_reduction: str = "mean") -> None:
         if aggregation not in MODES:
             raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         self.partition = partition
         self.group = group
         self.timeout = timeout
@@ -122,7 +139,9 @@ class FullGraphEngine:
         self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
         self.static.mark_loaded(*partition.node_attrs.values())
         self.loss_mask = loss_mask
+        self.loss_reduction = loss_reduction
         self._model: Optional[PartitionedModel] = None
+        self._hooks: Optional[BackwardHooks] = None
         self._data: Optional[Data] = None
         self._device: Optional[torch.device] = None
         self._kernel_handle = None
@@ -179,7 +198,9 @@ class FullGraphEngine:
                trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                sync_batchnorm: bool = True, broadcast: bool = True) -> PartitionedModel:
         r"""Attaches :obj:`model` (see :func:`partition_model`) and, by default,
-        broadcasts rank 0's parameters so all replicas start equal."""
+        broadcasts rank 0's parameters so all replicas start equal.  With several ranks, a
+        plain ``loss.backward()`` of the model's output is then weighted and reduced as
+        :meth:`backward` would (:class:`~.gradients.BackwardHooks`)."""
         if self.attached:
             raise RuntimeError("a model is already attached; call detach() first")
         self.static.clear()
@@ -187,7 +208,17 @@ class FullGraphEngine:
                                       self.router, self.static)
         if broadcast:
             broadcast_parameters(model, group=self.group)
+        if dist.is_available() and dist.is_initialized() \
+                and dist.get_world_size(self.group) > 1:
+            self._hooks = BackwardHooks(model, self._output_scale, self.group, self.timeout,
+                                        on_reduced=self.next_step)
         return self._model
+
+    def _output_scale(self) -> float:
+        r"""Factor of the output gradient in a plain backward: :math:`P` times the weight
+        :meth:`backward` gives the loss (the gradients are then averaged, not summed)."""
+        world = dist.get_world_size(self.group)
+        return world * (self.loss_weight() if self.loss_reduction == "mean" else 1.0)
 
     def use_kernels(self, backend: Optional[str] = "auto") -> None:
         r"""Runs the attached model's aggregations on a
@@ -218,6 +249,9 @@ class FullGraphEngine:
     def detach(self) -> Optional[torch.nn.Module]:
         r"""Reverts the attached model to its original form (kernels included)."""
         self.drain()
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
         if self._model is not None:
             self._model.unwrap_static()
         if self._kernel_handle is not None:
@@ -240,12 +274,15 @@ class FullGraphEngine:
     def scale_loss(self, loss: Tensor, mask: Optional[str] = None) -> Tensor:
         r"""Rank-local mean loss → this rank's term of the global mean loss.
 
-        A rank without nodes of the mask contributes zero (not NaN).
+        A rank without nodes of the mask contributes zero (not NaN).  A plain
+        ``backward()`` of the result is left to the caller (no gradient hooks): reduce with
+        :meth:`all_reduce_gradients` afterwards.
         """
         w = self.loss_weight(mask)
-        if w == 0.0:
-            return loss.nan_to_num(0.0) * 0.0
-        return loss * w
+        scaled = loss.nan_to_num(0.0) * 0.0 if w == 0.0 else loss * w
+        if self._hooks is not None and scaled.requires_grad:
+            scaled.register_hook(self._hooks.mark_manual)
+        return scaled
 
     def all_reduce_gradients(self, params: Iterable[Tensor]) -> None:
         r"""Sums the ``.grad`` of :obj:`params` over ranks (see
@@ -254,7 +291,10 @@ class FullGraphEngine:
 
     def reduce_backward(self, run_backward, params: Optional[Iterable[Tensor]] = None):
         r"""Runs :obj:`run_backward` and sums over ranks only the gradients it added
-        (see :func:`~lightning_fullgraph.engine.reduce_backward`)."""
+        (see :func:`~lightning_fullgraph.engine.reduce_backward`); the gradient hooks of a
+        plain backward stand aside meanwhile."""
+        if self._hooks is not None:
+            self._hooks.drop_stale()
         return reduce_backward(run_backward, self._params(params), group=self.group,
                                timeout=self.timeout)
 
@@ -263,9 +303,11 @@ class FullGraphEngine:
 
         Calling it several times before an optimizer step accumulates gradients as
         repeated ``loss.backward()`` calls do on one process.  Advances the codecs' step
-        counter (:meth:`next_step`).
+        counter (:meth:`next_step`).  A plain ``loss.backward()`` gives the same gradients
+        when the loss comes from the attached model's output (see the module docstring);
+        this call also weights loss terms that do not.
         """
-        scaled = self.scale_loss(loss)
+        scaled = self.scale_loss(loss) if self.loss_reduction == "mean" else loss
         self.reduce_backward(scaled.backward, params)
         self.next_step()
 
