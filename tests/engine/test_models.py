@@ -82,7 +82,8 @@ def _rel(a, b, floor: float = 1e-12) -> float:
 
 
 def _has_norm(model: nn.Module) -> bool:
-    norms = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+    norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d,
+             nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LayerNorm, nn.GroupNorm)
     return any(isinstance(m, norms) or type(m).__module__.startswith("torch_geometric.nn.norm")
                for m in model.modules())
 
