@@ -17,7 +17,8 @@ The public entry points are excluded from ``torch.compile`` tracing (a graph bre
 compiled model exchanges rows exactly as an eager one.
 """
 import math
-from typing import Any, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -35,7 +36,28 @@ from .transport import Transport
 
 _IDENTITY = IdentityCodec()  # the graph's structure (degrees) travels exact
 
-__all__ = ["HaloExchange"]
+__all__ = ["HaloExchange", "STATIC_STEP", "static_draws"]
+
+#: The step whose draws a kept (static) aggregation's exchanges use, whatever step computes it.
+STATIC_STEP = -1
+_static_draws = [0]  # nesting depth of static_draws()
+
+
+@contextmanager
+def static_draws() -> Iterator[None]:
+    r"""Inside, every exchange's codec draws as for :data:`STATIC_STEP` instead of the
+    current step.
+
+    An aggregation of a static input is exchanged once and then kept for every later step
+    (:mod:`.static`); the step that first computes it depends on where training started (the
+    first step, or the step a resumed run starts from), so its codec rounding must not: a
+    resumed run then keeps the very aggregate the uninterrupted run kept.
+    """
+    _static_draws[0] += 1
+    try:
+        yield
+    finally:
+        _static_draws[0] -= 1
 
 
 def _counts(t: Tensor) -> List[int]:
@@ -298,6 +320,12 @@ class HaloExchange:
             out, _ = self._transfer(flat, send_counts, recv_counts, key, direction, levels)
         return out.reshape((out.size(0), ) + tuple(shape))
 
+    def _context(self, key: str, direction: str, flat: Tensor) -> WireContext:
+        r"""The codec's context of one transfer (its step :data:`STATIC_STEP` inside
+        :func:`static_draws`)."""
+        step = STATIC_STEP if _static_draws[0] else self.step
+        return WireContext(key, direction, step, self.rank, flat.size(1), flat.dtype, self.seed)
+
     def _transfer(self, flat: Tensor, send_counts: List[int], recv_counts: List[int], key: str,
                   direction: str, levels: Optional[Tuple[Tensor, Tensor]] = None,
                   echo: bool = False, exact: bool = False,
@@ -307,8 +335,7 @@ class HaloExchange:
         without the codec; :obj:`into`: where an identity wire is received (the caller
         checked the codec)."""
         codec: Codec = _IDENTITY if exact else self.policy.codec(key, direction)
-        ctx = WireContext(key, direction, self.step, self.rank, flat.size(1), flat.dtype,
-                          self.seed)
+        ctx = self._context(key, direction, flat)
         if levels is not None and getattr(codec, "per_node", False):
             sent, received_levels = levels
             f = flat.size(1)
@@ -329,8 +356,7 @@ class HaloExchange:
                         levels: Optional[Tuple[Tensor, Tensor]] = None):
         r"""Starts a transfer; returns the function that completes and decodes it."""
         codec: Codec = self.policy.codec(key, direction)
-        ctx = WireContext(key, direction, self.step, self.rank, flat.size(1), flat.dtype,
-                          self.seed)
+        ctx = self._context(key, direction, flat)
         if levels is not None and getattr(codec, "per_node", False):
             sent, received_levels = levels
             f = flat.size(1)

@@ -40,7 +40,13 @@ ranks can reuse their result (a rank whose input changed makes every rank recomp
 checking.  Decisions are kept apart for training and evaluation, so a validation pass without
 dropout does not decide for training steps with it.
 
-The results are the same tensors the uncached computation returns, bit for bit.
+The results are the same tensors the uncached computation returns, bit for bit.  With a
+stochastic codec, an aggregation that may be kept is exchanged with the draws of a fixed step
+(:func:`~.exchange.static_draws`), not of the step that happens to compute it first: a run
+resumed from a checkpoint recomputes it at a later step, and must keep the very aggregate the
+uninterrupted run kept.  The decisions above are state a resumed run continues from
+(:meth:`StaticCache.state_dict`; the strategies' checkpoints hold them): which calls still
+check, and so which draws they use, then follows the uninterrupted run's.
 ``FullGraphEngine(cache_static=False)`` turns the cache off.
 
 Once an aggregation is kept, its inputs' pages are given back to the kernel where they are a
@@ -51,6 +57,7 @@ root term ``lin_r(x)``) maps them again from the file.
 """
 import itertools
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -58,6 +65,7 @@ import torch
 from torch import Tensor
 
 from .agreement import Agreement, all_agree_each
+from .exchange import static_draws
 from .file_pages import Released, release_file_pages, releasing
 
 __all__ = ["StaticCache", "GIVE_UP"]
@@ -180,6 +188,19 @@ class StaticCache:
         self._streaks.clear()
         self._given_up.clear()
 
+    def state_dict(self) -> Dict[str, Any]:
+        r"""The decisions a resumed run must continue from: each point's streak of agreed
+        misses and the points that gave up checking (they choose which exchanges, and which
+        codec draws, a call uses).  Agreed, so the same on every rank.  Not the kept results:
+        a resumed run recomputes them, bit for bit (:func:`~.exchange.static_draws`)."""
+        return {"streaks": dict(self._streaks), "given_up": sorted(self._given_up)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        r"""Continues from the decisions of :meth:`state_dict` (kept results are dropped)."""
+        self._aggregations.clear()
+        self._streaks = {str(k): int(v) for k, v in state.get("streaks", {}).items()}
+        self._given_up = {str(p) for p in state.get("given_up", ())}
+
     def mark_loaded(self, *tensors: Any) -> None:
         r"""Records tensors the rank loaded and nothing computed (the partition's node
         attributes): as long as one lives unmodified, :meth:`is_loaded` recognizes it.  Kept
@@ -291,7 +312,10 @@ class StaticCache:
         # Fresh exchanges only where every rank runs them: a rank whose input needs a
         # gradient this call runs the training ones (halo cache, sampling: other collectives).
         if all_static:  # a result that may be kept: its inputs can go as soon as consumed
-            with releasing(self.release_inputs) as released:
+            # Drawn as for a fixed step: the kept result must not depend on the step that
+            # computes it (a resumed run computes it at a later step than the original did).
+            draws = static_draws() if point not in self._given_up else nullcontext()
+            with releasing(self.release_inputs) as released, draws:
                 output = (fresh or compute)()
             self.released_bytes += released.bytes
         else:
