@@ -169,14 +169,22 @@ class FourDRun:
         self.surgery.backward(params, loss.backward)
 
     def state_dict(self) -> Dict[str, Any]:
-        r"""The model as one process holds it (a collective over the grid) and the sampler's
-        step, for ``fabric.save``."""
+        r"""The model as one process holds it (a collective over the grid), the sampler's
+        step and the split models' dropout step counters, for ``fabric.save`` (save this
+        process's torch random state beside it when a model outside the split draws from
+        it, e.g. ``torch.nn.Dropout`` with ``grid=(1, 1, 1)``)."""
+        from .parallel.surgery import grid_steps
         model = {k[len("model."):]: v for k, v in self.surgery.state_dict().items()}
-        return {"model": model, "data": self.data.state_dict()}
+        return {"model": model, "data": self.data.state_dict(),
+                "grid_steps": grid_steps(self._holder)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        r"""Restores :meth:`state_dict` (a resumed run then draws the dropout masks and
+        batches the uninterrupted run would)."""
+        from .parallel.surgery import load_grid_steps
         self.surgery.load_state_dict({"model." + k: v for k, v in state["model"].items()})
         self.data.load_state_dict(state["data"])
+        load_grid_steps(self._holder, state.get("grid_steps", {}))
 
     def teardown(self) -> torch.nn.Module:
         r"""Puts the original model back, with the trained weights (a collective); returns

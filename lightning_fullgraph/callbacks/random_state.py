@@ -1,6 +1,7 @@
-"""Every rank's random state in the checkpoint, so a resumed run draws what the original drew."""
+"""Every rank's random state (and the counters the library's own draws follow) in the checkpoint,
+so a resumed run draws what the original drew."""
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import lightning.pytorch as pl
 import numpy as np
@@ -16,19 +17,34 @@ _KEY = "lightning_fullgraph_random_states"
 
 
 class RandomStateCheckpoint(Callback):
-    r"""Saves the random states of *every* rank in checkpoints and restores them on resume.
+    r"""Saves what the random draws of *every* rank depend on in checkpoints and restores it
+    on resume.
 
     Lightning writes checkpoints from rank 0 only, and a resumed run otherwise continues
     every rank from whatever state seeding left it in: dropout masks (and anything else
     drawn at random) then differ from the uninterrupted run.  This callback gathers the
     torch (CPU and CUDA), numpy and Python random states of all ranks into the checkpoint
     and gives each rank its own back when training resumes, so that resuming equals the
-    uninterrupted run bit for bit.  :class:`~lightning_fullgraph.FullGraphStrategy` adds it
-    automatically.
+    uninterrupted run bit for bit.  With them go the two counters the library's own draws
+    follow, both the same on every rank:
+
+    * the step counter of the dropout masks of every model split over a 4-D grid
+      (:class:`~lightning_fullgraph.parallel.grid_module.GridModule`);
+    * the decisions of the full-graph engine's static-input cache
+      (:meth:`~lightning_fullgraph.engine.static.StaticCache.state_dict`), which choose the
+      exchanges, and so the codec draws, of a layer's call.
+
+    :class:`~lightning_fullgraph.FullGraphStrategy` and
+    :class:`~lightning_fullgraph.FourDStrategy` add it automatically.
 
     A checkpoint made with another number of processes restores nothing (with a warning):
     the partitions, and so what each rank draws, differ anyway.
     """
+
+    def __init__(self) -> None:
+        # Counters read from a checkpoint before the modules they belong to exist (Lightning
+        # restores before the strategy's setup unless the strategy asks otherwise).
+        self._pending: Optional[Dict[str, Any]] = None
 
     def on_save_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                            checkpoint: Dict[str, Any]) -> None:
@@ -39,7 +55,8 @@ class RandomStateCheckpoint(Callback):
             dist.all_gather_object(gathered, states)
         else:
             gathered = [states]
-        checkpoint[_KEY] = {"world_size": len(gathered), "states": gathered}
+        checkpoint[_KEY] = {"world_size": len(gathered), "states": gathered,
+                            "counters": _counters(trainer, pl_module)}
 
     def on_load_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                            checkpoint: Dict[str, Any]) -> None:
@@ -53,6 +70,41 @@ class RandomStateCheckpoint(Callback):
                 "(dropout) differ from the original run", RuntimeWarning, stacklevel=2)
             return
         compat.set_rng_states(_restored(saved["states"][trainer.global_rank]))
+        self._pending = dict(saved.get("counters", {}))
+        self._restore_counters(trainer, pl_module)
+
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        # After the strategy's setup (the engine, the grid's split models exist), before the
+        # sanity check's forward.
+        self._restore_counters(trainer, pl_module)
+
+    def _restore_counters(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        pending = self._pending
+        if not pending:
+            return
+        if "grid_steps" in pending:
+            from ..parallel.surgery import load_grid_steps
+            load_grid_steps(pl_module, pending.pop("grid_steps"))
+        static = _static_cache(trainer)
+        if "static_cache" in pending and static is not None:
+            static.load_state_dict(pending.pop("static_cache"))
+
+
+def _static_cache(trainer: "pl.Trainer") -> Optional[Any]:
+    engine = getattr(trainer.strategy, "engine", None)
+    return getattr(engine, "static", None)
+
+
+def _counters(trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> Dict[str, Any]:
+    from ..parallel.surgery import grid_steps
+    out: Dict[str, Any] = {}
+    steps = grid_steps(pl_module)
+    if steps:
+        out["grid_steps"] = steps
+    static = _static_cache(trainer)
+    if static is not None:
+        out["static_cache"] = static.state_dict()
+    return out
 
 
 # Lightning loads checkpoints with ``weights_only=True``: only tensors and plain containers

@@ -73,6 +73,8 @@ class GridModule(torch.nn.Module):
         self._blocks: Dict[str, _Block] = {}
         self._adjacency: Dict[tuple, Tuple[Tensor, Optional[Tensor]]] = {}
         self._batch_key: Optional[tuple] = None
+        # Training forwards so far: seeds the dropout masks.  Checkpoint state (with the
+        # random states: surgery.grid_steps), not a parameter of the single-process model.
         self.step = 0
 
     # -- blocks -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from .mesh import FourDMesh
 from .pmm import summed
 from .scalegnn import ScaleGNN
 
-__all__ = ["GridSplit", "splittable_children"]
+__all__ = ["GridSplit", "splittable_children", "grid_steps", "load_grid_steps"]
 
 
 def splittable_children(module: torch.nn.Module) -> List[Tuple[torch.nn.Module, str,
@@ -38,6 +38,46 @@ def splittable_children(module: torch.nn.Module) -> List[Tuple[torch.nn.Module, 
                 check_convertible(child, name)
                 found.append((parent, name, child))
     return found
+
+
+#: Attribute of a model put back by :meth:`GridSplit.revert`: its split's dropout step counter.
+STEP_ATTR = "_grid_dropout_step"
+
+
+def grid_steps(module: torch.nn.Module) -> Dict[str, int]:
+    r"""The dropout step counter (:attr:`GridModule.step`, the same on every process) of
+    every split model inside :obj:`module` -- or of the model it was split from, once put
+    back -- by its name there: checkpoint state, not part of the single-process
+    ``state_dict``."""
+    out = {}
+    for name, m in module.named_modules():
+        if isinstance(m, GridModule):
+            out[name] = int(m.step)
+        elif hasattr(m, STEP_ATTR):
+            out[name] = int(getattr(m, STEP_ATTR))
+    return out
+
+
+def load_grid_steps(module: torch.nn.Module, steps: Dict[str, int]) -> None:
+    r"""Sets the counters of :func:`grid_steps` again, so that a resumed run draws the dropout
+    masks the uninterrupted run would: on the split models, or on the models not split yet
+    (their split starts from it, :meth:`GridSplit.apply`).
+
+    Raises:
+        ValueError: If a counter names no model of :obj:`module` (another model).
+    """
+    found = dict(module.named_modules())
+    unknown = sorted(set(steps) - set(found))
+    if unknown:
+        raise ValueError(f"the checkpoint holds dropout step counters of split models "
+                         f"{unknown} that this model does not have: resume with the same "
+                         "model")
+    for name, step in steps.items():
+        target = found[name]
+        if isinstance(target, GridModule):
+            target.step = int(step)
+        else:
+            setattr(target, STEP_ATTR, int(step))
 
 
 @torch.no_grad()
@@ -89,6 +129,8 @@ class GridSplit:
                 split = Grid3DGCN(child, self.mesh, seed=self.seed, bf16_comm=self.bf16_comm)
             if device is not None:
                 split = split.to(device)
+            # Split again (a later fit): its masks continue where the last split's stopped.
+            split.step = int(getattr(child, STEP_ATTR, 0))
             setattr(parent, name, split)
             self.splits.append((parent, name, child, split))
         held = {id(p) for *_, split in self.splits for p in split.parameters()}
@@ -108,6 +150,9 @@ class GridSplit:
         for parent, name, child, split in reversed(self.splits):
             if gather:
                 child.load_state_dict(split.full_state_dict())
+            # A checkpoint saved after training (Lightning's teardown puts the models back
+            # before trainer.save_checkpoint) still holds the dropout step counter.
+            setattr(child, STEP_ATTR, int(split.step))
             setattr(parent, name, child)
         self.splits = []
         self.applied = False

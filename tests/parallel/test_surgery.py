@@ -1,12 +1,15 @@
 """GridSplit: the model surgery shared by FourDStrategy and setup_fourd -- apply, the whole
-model's state_dict in and out, revert with the trained weights, refusal by name."""
+model's state_dict in and out, revert with the trained weights, refusal by name, and the
+dropout step counter as checkpoint state."""
 import pytest
 import torch
+from torch_geometric.data import Data
 from torch_geometric.nn.models import GCN
 
 from lightning_fullgraph.parallel import FourDDims, ScaleGNN
 from lightning_fullgraph.parallel.mesh import FourDMesh
-from lightning_fullgraph.parallel.surgery import GridSplit, splittable_children
+from lightning_fullgraph.parallel.surgery import (GridSplit, grid_steps, load_grid_steps,
+                                                  splittable_children)
 from lightning_fullgraph.testing import run_distributed
 
 
@@ -46,3 +49,63 @@ def test_splittable_children_refuse_by_name():
     holder.encoder = GCN(4, 8, 2, 3)  # normalize=True: not splittable
     with pytest.raises(TypeError, match="'encoder.convs.0' normalizes"):
         splittable_children(holder)
+
+
+def _dropout_holder():
+    holder = torch.nn.Module()
+    torch.manual_seed(0)
+    holder.model = ScaleGNN(6, 8, 2, 3, dropout=0.5)
+    return holder
+
+
+def _graph():
+    g = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, 12, (2, 40), generator=g)
+    return Data(x=torch.randn(12, 6, generator=g), edge_index=edge_index, num_nodes=12)
+
+
+def _resumed_masks(rank, world_size):
+    # FourDRun.state_dict holds the split model's dropout step counter: a run restored from
+    # it draws the masks the original draws next (without it, step 0's again).
+    from lightning_fullgraph.data.sampled import SampledNodeDataModule
+    from lightning_fullgraph.fabric import FourDRun
+
+    mesh, data = FourDMesh.create(FourDDims.of(1, (2, 1, 1))), _graph()
+
+    def run():
+        holder = _dropout_holder()
+        return FourDRun(None, holder, mesh, GridSplit(holder, mesh).apply(),
+                        SampledNodeDataModule(data, 6, seed=1))
+
+    original = run()
+    for _ in range(3):  # three training forwards: the counter is at 3
+        original.model(data.x, data.edge_index)
+    state = original.state_dict()
+    want = original.model(data.x, data.edge_index)
+    resumed, forgetful = run(), run()
+    resumed.load_state_dict(state)
+    forgetful.load_state_dict({k: v for k, v in state.items() if k != "grid_steps"})
+    same = torch.equal(resumed.model(data.x, data.edge_index), want)
+    differs = not torch.equal(forgetful.model(data.x, data.edge_index), want)
+    # Put back, the model keeps the counter (a checkpoint saved after Lightning's teardown
+    # holds it); split again, it continues from there.
+    original.surgery.revert(gather=True)
+    after_revert = grid_steps(original._holder)
+    again = GridSplit(original._holder, mesh).apply()
+    continued = original._holder.model.step
+    again.revert(gather=False)
+    try:
+        load_grid_steps(original._holder, {"encoder": 2})
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    return state["grid_steps"], same, differs, after_revert, continued, refused
+
+
+def test_dropout_step_counter_is_checkpoint_state():
+    for steps, same, differs, after_revert, continued, refused in run_distributed(
+            _resumed_masks, 2):
+        assert steps == {"model": 3}
+        assert same and differs
+        assert after_revert == {"model": 4} and continued == 4
+        assert refused is not None and "'encoder'" in refused

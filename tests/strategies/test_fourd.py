@@ -1,6 +1,7 @@
 """FourDStrategy under a real Trainer: data parallel on sampled mini-batches (any PyG model,
 grid (1,1,1)) and ScaleGNN split over a 3-D grid equal the single-process steps on the same
-batches; a resumed run continues the same batches and optimizer."""
+batches; a resumed run continues the same batches and optimizer, and with dropout draws the
+uninterrupted run's masks."""
 import os
 
 import pytest
@@ -14,7 +15,7 @@ from ..engine.models import skewed_graph
 STEPS, EPOCHS, BATCH = 3, 2, 40
 
 
-def _module(kind, in_channels, classes):
+def _module(kind, in_channels, classes, dropout=0.0):
     import lightning.pytorch as pl
     from torch_geometric.nn import GCNConv
     from torch_geometric.nn.models import GCN
@@ -25,7 +26,7 @@ def _module(kind, in_channels, classes):
         def __init__(self):
             super().__init__()
             if kind == "scalegnn":
-                self.model = ScaleGNN(in_channels, 8, 3, classes)
+                self.model = ScaleGNN(in_channels, 8, 3, classes, dropout=dropout)
             elif kind == "pyg_gcn":
                 self.model = GCN(in_channels, 8, 2, classes, normalize=False)
             else:
@@ -33,6 +34,8 @@ def _module(kind, in_channels, classes):
                 self.conv2 = GCNConv(8, classes, normalize=False)
 
         def forward(self, x, edge_index, edge_weight):
+            # Input dropout draws from torch's generator; the split model's own masks do not.
+            x = F.dropout(x, dropout, self.training)
             if kind in ("scalegnn", "pyg_gcn"):
                 return self.model(x, edge_index, edge_weight)
             return self.conv2(self.conv1(x, edge_index, edge_weight).relu(), edge_index,
@@ -109,8 +112,32 @@ def _fit(rank, world_size, tmp, kind, dp, grid, resume):
     ref = _reference(kind, data, dp, EPOCHS)
     got, want = module.state_dict(), ref.state_dict()
     assert set(got) == set(want), (sorted(got), sorted(want))
-    return max(float((got[k].double() - v).abs().max() / v.abs().max().clamp_min(1e-12))
-               for k, v in want.items())
+    error = max(float((got[k].double() - v).abs().max() / v.abs().max().clamp_min(1e-12))
+                for k, v in want.items())
+    return error, _dropout_resume(world_size, tmp, kind, dp, grid, data, dm) if resume else None
+
+
+def _dropout_resume(world_size, tmp, kind, dp, grid, data, dm):
+    # With dropout (the grid's masks and torch's input dropout): the run resumed from the
+    # checkpoint of its first epoch equals the uninterrupted one bit for bit (no
+    # single-process reference draws those masks).
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fitted(epochs, ckpt_path=None, seed=0, **kwargs):
+        torch.manual_seed(seed)
+        module = _module(kind, data.num_features, 4, dropout=0.5)
+        _trainer(tmp + "/dropout", world_size, dp, grid, epochs, **kwargs).fit(
+            module, datamodule=dm(), ckpt_path=ckpt_path)
+        return module
+
+    every = ModelCheckpoint(dirpath=tmp + "/dropout", filename="{epoch}", save_top_k=-1)
+    straight = fitted(EPOCHS, callbacks=[every])
+    ckpt = os.path.join(tmp, "dropout", "epoch=0.ckpt")
+    resumed = fitted(EPOCHS, ckpt_path=ckpt, seed=123)
+    want, got = straight.state_dict(), resumed.state_dict()
+    halfway = torch.load(ckpt, weights_only=False)["state_dict"]
+    return dict(diff=max(float((got[k] - v).abs().max()) for k, v in want.items()),
+                moved=max(float((halfway[k] - v).abs().max()) for k, v in want.items()))
 
 
 @pytest.mark.parametrize("kind, dp, grid, resume", [
@@ -121,9 +148,11 @@ def _fit(rank, world_size, tmp, kind, dp, grid, resume):
 ])
 def test_fourd_equals_single_process(tmp_path, kind, dp, grid, resume):
     world = dp * grid[0] * grid[1] * grid[2]
-    for error in run_distributed(_fit, world, str(tmp_path), kind, dp, grid, resume,
-                                 timeout_s=300):
+    for error, dropout in run_distributed(_fit, world, str(tmp_path), kind, dp, grid, resume,
+                                          timeout_s=300):
         assert error <= 1e-10
+        if resume:
+            assert dropout["diff"] == 0.0 and dropout["moved"] > 0, dropout
 
 
 def test_bad_dims_are_refused():
