@@ -14,6 +14,7 @@ output is scaled by :math:`P \cdot n_r / N` as it enters the backward pass, and 
 is complete the parameter gradients it produced are *averaged* over the :math:`P` ranks
 (see the class for what is supported and what is refused).
 """
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -222,8 +223,10 @@ class BackwardHooks:
     a separate backward of a penalty).  It raises :class:`UnreducedBackwardError`, naming
     ``engine.backward(loss)``, and leaves ``.grad`` as it was before the pass.
 
-    Untouched: every backward pass in eval mode, ``torch.autograd.grad`` (it returns this
-    rank's unscaled gradients, as without the engine), passes run by
+    Untouched: every backward pass in eval mode (explainers optimize masks there; a warning,
+    once, says that the model's parameters got this rank's own gradients, in case the model
+    is trained in eval mode), ``torch.autograd.grad`` (it returns this rank's unscaled
+    gradients, as without the engine), passes run by
     :func:`reduce_backward` (``engine.backward``, the Lightning strategy), and passes that
     start from :meth:`~lightning_fullgraph.engine.FullGraphEngine.scale_loss`'s result
     (that caller reduces with ``all_reduce_gradients``).  Not supported: a loss term that
@@ -249,6 +252,7 @@ class BackwardHooks:
                  on_reduced: Optional[Callable[[], Any]] = None) -> None:
         self.model, self.group, self.timeout, self.fix = model, group, timeout, fix
         self.on_reduced = on_reduced
+        self._warned_eval = False
         self.world = _world(group)
         self._scale_of = scale
         self._scale: Optional[float] = None
@@ -353,7 +357,8 @@ class BackwardHooks:
                 return
             state = self._pass
             if state is None and not self.model.training:
-                return  # eval mode: untouched
+                self._eval_backward(p)  # eval mode: untouched
+                return
             if state is not None and (state.manual or id(p) in state.earlier):
                 return
             if not compat.will_accumulate(p):
@@ -362,6 +367,17 @@ class BackwardHooks:
             state.earlier[id(p)] = (p, p.grad)  # the pass's own gradient arrives alone
             p.grad = None
         return hook
+
+    def _eval_backward(self, p: Tensor) -> None:
+        if self._warned_eval or not compat.will_accumulate(p):
+            return
+        self._warned_eval = True
+        warnings.warn(
+            "a backward pass in eval mode put gradients into the parameters of the model "
+            "attached to the FullGraphEngine: they are this rank's own, neither weighted by "
+            "its share of the loss nor reduced over the ranks (eval mode is left alone, e.g. "
+            "for explainers). To train, call model.train() first (a plain backward is then "
+            "reduced) or engine.backward(loss).", UserWarning, stacklevel=2)
 
     def _finish(self) -> None:
         state, self._pass = self._pass, None

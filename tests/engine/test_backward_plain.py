@@ -10,6 +10,7 @@ parameters, a summed loss, a learnable input outside the model; what is left alo
 refusal of a backward that bypasses the model's output, raised on every rank.
 """
 import copy
+import warnings
 
 import pytest
 import torch
@@ -138,8 +139,12 @@ def _left_alone(rank: int, world_size: int) -> dict:
     # this rank's own, unscaled and unreduced (explainers run there).
     ref.eval(), model.eval()
     _loss(ref, data, "plain")[1].backward()
-    (w * _loss(model, local, "plain")[1]).backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (w * _loss(model, local, "plain")[1]).backward()
     err["eval"] = versus_ref(summed([p.grad for p in model.parameters()]))
+    # ... with a warning, once, in case the model is trained in eval mode.
+    err["eval warned"] = float(sum("model.train()" in str(c.message) for c in caught) != 1)
     ref.zero_grad(), model.zero_grad(set_to_none=True)
     ref.train(), model.train()
 
