@@ -2,6 +2,9 @@
 
     fabric run --accelerator cpu --devices 4 examples/fabric_gcn.py
     python examples/fabric_gcn.py --devices 4        # Fabric launches them itself
+
+``--dataset cora`` is loaded by name (``load_dataset``), with its features row-normalized as
+in PyG's ``examples/gcn.py``, ``lightning-fullgraph train`` and ``FullGraphDataModule("cora")``.
 """
 import argparse
 

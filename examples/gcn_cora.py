@@ -6,7 +6,9 @@
 
 The LightningModule below is what a PyG user writes for one device; the only
 lines that change for partitioned training are the Trainer's strategy and the
-data module (marked ``# <-``).
+data module (marked ``# <-``). Cora's features are row-normalized, as in PyG's
+``examples/gcn.py`` and in every entry point of this package that loads Cora by name
+(``load_dataset("cora")``).
 """
 import argparse
 
@@ -18,7 +20,7 @@ from torch_geometric.data.lightning import LightningNodeData
 from torch_geometric.nn import GCNConv
 
 from lightning_fullgraph import FullGraphDataModule, FullGraphStrategy
-from lightning_fullgraph.data import load_cora
+from lightning_fullgraph.data import load_dataset
 
 
 class GCN(torch.nn.Module):
@@ -71,7 +73,7 @@ def main():
     args = parser.parse_args()
 
     pl.seed_everything(args.seed)
-    data = load_cora()
+    data = load_dataset("cora")  # Cora, features row-normalized (T.NormalizeFeatures())
     module = Classifier(data.num_features, int(data.y.max()) + 1)
     if args.devices == 1:
         strategy, datamodule = "auto", LightningNodeData(data, loader="full")

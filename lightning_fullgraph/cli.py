@@ -7,12 +7,12 @@ import json
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 __all__ = ["main", "build_parser"]
 
 _EPILOG = """examples:
-  lightning-fullgraph train                              # GCN on Cora, 4 processes
+  lightning-fullgraph train                              # GCN on Cora, min(4, cores) processes
   lightning-fullgraph train --devices 1 --strategy pyg   # the same on one process, plain PyG
   lightning-fullgraph train --strategy pyg --loader neighbor --model sage  # NeighborLoader + DDP
   lightning-fullgraph train --dataset synthetic:nodes=200000,degree=10 --model sage --json
@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gin", "scalegnn"],
                    help="PyG BasicGNN model, or 'scalegnn' (ScaleGNN's residual GCN with "
                         "RMSNorm; split over --grid with --strategy 4d)")
-    t.add_argument("--devices", type=int, default=4, help="processes (default: 4)")
+    t.add_argument("--devices", type=int, default=None,
+                   help="processes (default: one per CPU core, or per GPU with "
+                        "--accelerator gpu, at most 4)")
     t.add_argument("--num-nodes", type=int, default=1, help="machines (multi-node)")
     t.add_argument("--strategy", default="fullgraph", choices=["fullgraph", "pyg", "4d"],
                    help="'fullgraph' (partitioned), 'pyg' (plain PyG's LightningNodeData, for "
@@ -118,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "for the first layer, 10 for the others)")
     t.add_argument("--dp", type=int, default=None,
                    help="4d: data-parallel replicas (default: devices x nodes / grid size)")
-    t.add_argument("--grid", default="1,1,1", metavar="X,Y,Z",
+    t.add_argument("--grid", default=(1, 1, 1), type=_grid, metavar="X,Y,Z",
                    help="4d: processes per replica along x, y, z (default 1,1,1: data "
                         "parallel only)")
     t.add_argument("--batch-size", type=int, default=None,
@@ -141,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--norm", default=None, help="normalization between layers, e.g. batch_norm")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
-                   help="row-normalize features (auto: yes for Planetoid data, as Kipf & Welling)")
+                   help="row-normalize features (auto: yes for Planetoid data, as Kipf & "
+                        "Welling and PyG's examples, and as FullGraphDataModule('cora'))")
     t.add_argument("--kernels", default="auto", choices=["auto", "cpp", "triton", "torch", "pyg"],
                    help="aggregation backend ('pyg': PyG's own scatter path)")
     t.add_argument("--huge-pages", default="auto", choices=["auto", "on", "off"],
@@ -201,8 +204,82 @@ def build_parser() -> argparse.ArgumentParser:
                         "as training meets it; --strategy fullgraph, more than one process), "
                         "for 'plan --link FILE.json'")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
+    # main() refuses, with this parser's usage, the options the chosen strategy would ignore.
+    t.set_defaults(command_parser=t)
     _add_plan_parser(sub)
     return parser
+
+
+def _grid(text: str) -> Tuple[int, int, int]:
+    r"""``"2,1,1"`` -> ``(2, 1, 1)`` (argparse type of ``train --grid``)."""
+    try:
+        grid = tuple(int(v) for v in str(text).split(","))
+    except ValueError:
+        grid = ()
+    if len(grid) != 3 or any(v < 1 for v in grid):
+        raise argparse.ArgumentTypeError(
+            f"must be three positive process counts X,Y,Z, e.g. 2,1,1 (got {text!r})")
+    return grid
+
+
+def _default_devices(accelerator: str) -> int:
+    r"""Processes when ``--devices`` is not given: one per CPU core (or per GPU), at most 4.
+
+    More processes than cores only makes the ranks wait for each other (each one's share of
+    the graph gets no core of its own), so a 2-core machine runs 2.
+    """
+    count = 0
+    if accelerator.lower() in ("gpu", "cuda", "auto"):
+        import torch
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0 and accelerator.lower() in ("cpu", "auto"):
+        count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+    return max(1, min(4, count))
+
+
+def _train_option_scope(args) -> List[Tuple[str, str]]:
+    r"""``(option, what it needs)`` of every ``train`` option the chosen set-up reads."""
+    fullgraph, fourd, pyg = (args.strategy == s for s in ("fullgraph", "4d", "pyg"))
+    neighbor = pyg and args.loader == "neighbor"
+    scope = [
+        (fullgraph, "--strategy fullgraph",
+         ("aggregation", "codec", "cache", "pipeline", "overlap", "boundary_sampling",
+          "kernels", "huge_pages", "cache_dir")),
+        (fourd, "--strategy 4d", ("dp", "grid", "bf16_comm", "steps_per_epoch")),
+        (not pyg, "--strategy fullgraph or 4d", ("timeout", "startup_timeout")),
+        (fourd or neighbor, "--strategy 4d or --strategy pyg --loader neighbor",
+         ("batch_size", )),
+        (neighbor, "--strategy pyg --loader neighbor", ("num_neighbors", )),
+        (args.model != "scalegnn", "a --model other than scalegnn, which has RMSNorm built in",
+         ("norm", )),
+    ]
+    return [(name, needs) for applies, needs, names in scope if not applies for name in names]
+
+
+def _check_train_options(args) -> None:
+    r"""Refuses options that the chosen strategy would silently ignore (argparse's error:
+    the usage line and exit status 2), naming them and what they need."""
+    parser = args.command_parser
+    given: Dict[str, List[str]] = {}
+    for name, needs in _train_option_scope(args):
+        if getattr(args, name) != parser.get_default(name):
+            given.setdefault(needs, []).append("--" + name.replace("_", "-"))
+    if given:
+        got = f"--strategy {args.strategy}" + (f" --loader {args.loader}"
+                                               if args.strategy == "pyg" else "")
+        if args.model == "scalegnn":
+            got += " --model scalegnn"
+        problems = "; ".join(
+            f"{_listed(names)} {'applies' if len(names) == 1 else 'apply'} only with {needs}"
+            for needs, names in given.items())
+        one = sum(map(len, given.values())) == 1
+        parser.error(f"{problems} (got {got}): remove {'it' if one else 'them'}, or choose "
+                     f"the set-up {'it applies' if one else 'they apply'} to")
+
+
+def _listed(names: List[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _parts_list(text: str) -> List[int]:
@@ -365,23 +442,31 @@ def _train(args) -> int:
     if args.loader != "full" and args.strategy != "pyg":
         raise ValueError(f"--loader {args.loader} is PyG's own mini-batch training: use "
                          f"--strategy pyg (got --strategy {args.strategy})")
+    devices_given = args.devices
+    if args.devices is None:
+        args.devices = _default_devices(args.accelerator)
+    if args.strategy == "4d":
+        # Here, before any process starts: an error raised by every rank would print once per
+        # rank.
+        from .parallel.dims import FourDDims
+        FourDDims.for_world(args.devices * args.num_nodes, args.grid, args.dp)
     pl.seed_everything(args.seed, verbose=False)
     if args.strategy == "4d":
         from .data.sampled import SampledNodeDataModule
         from .strategies import FourDStrategy
         data = _load(args)
-        grid = tuple(int(v) for v in args.grid.split(","))
         batch_size = args.batch_size or max(2, int(data.num_nodes) // 4)
         datamodule = SampledNodeDataModule(data, batch_size, args.steps_per_epoch,
                                            seed=args.seed)
-        num_features, num_classes = data.num_features, int(data.y.max()) + 1
-        strategy = FourDStrategy(dp=args.dp, grid=grid, seed=args.seed,
-                                 bf16_comm=args.bf16_comm, timeout=args.timeout)
+        num_features, num_classes = data.num_features, _num_classes(args, data)
+        strategy = FourDStrategy(dp=args.dp, grid=args.grid, seed=args.seed,
+                                 bf16_comm=args.bf16_comm, timeout=args.timeout,
+                                 startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor()]
     elif args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
         data = _load(args)
-        num_features, num_classes = data.num_features, int(data.y.max()) + 1
+        num_features, num_classes = data.num_features, _num_classes(args, data)
         callbacks = [CommunicationMonitor()]
         if args.loader == "neighbor":
             fanout = _num_neighbors(args)
@@ -394,7 +479,7 @@ def _train(args) -> int:
         else:
             datamodule = LightningNodeData(data, loader="full")
             strategy, devices = "auto", 1
-            if args.devices != 1:
+            if devices_given not in (None, 1):
                 print("note: --strategy pyg runs on one process (--loader neighbor trains "
                       "data parallel)", file=sys.stderr)
     else:
@@ -402,7 +487,7 @@ def _train(args) -> int:
         # validates, partitions or hits the cache); every rank then loads its own part.
         datamodule = FullGraphDataModule(args.dataset, cache_dir=args.cache_dir, seed=args.seed,
                                          num_classes=args.num_classes,
-                                         transform=_feature_transform(args),
+                                         normalize_features=_normalize_features(args),
                                          level_percentiles=args.level_percentiles)
         kernels = None if args.kernels == "pyg" else args.kernels
         strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
@@ -550,18 +635,24 @@ def _require_neighbor_sampling() -> None:
 
 def _load(args):
     from .data import load_dataset
-    data = load_dataset(args.dataset)
-    transform = _feature_transform(args)
-    return transform(data) if transform is not None else data
+    return load_dataset(args.dataset, normalize_features=_normalize_features(args))
 
 
-def _feature_transform(args):
-    normalize = args.normalize_features == "yes" or (
-        args.normalize_features == "auto" and args.dataset.strip().lower() == "cora")
-    if not normalize:
-        return None
-    import torch_geometric.transforms as T
-    return T.NormalizeFeatures()
+def _normalize_features(args):
+    r"""``--normalize-features`` as :func:`~lightning_fullgraph.data.load_dataset` takes it:
+    ``auto`` is its default (Cora's features row-normalized), the one every entry point
+    shares."""
+    return {"auto": "auto", "yes": True, "no": False}[args.normalize_features]
+
+
+def _num_classes(args, data) -> int:
+    r"""``--num-classes`` (labels checked against it) or the largest label + 1."""
+    if args.num_classes is None:
+        return int(data.y.max()) + 1
+    import torch
+    from .data.validation import check_label_range
+    check_label_range([(torch.arange(int(data.num_nodes)), data.y)], args.num_classes)
+    return args.num_classes
 
 
 def _peak_rss_mib() -> Optional[float]:
@@ -607,7 +698,11 @@ def _same_on_every_rank(error: BaseException) -> bool:
     from .compat import UntestedVersionError
     from .data import GraphValidationError
     from .engine import SparseAdjacencyError, UnsupportedLayerError
-    from .partition import PartitionMismatchError
+    from .partition import PartitionMismatchError, StalePartitionError
+    if isinstance(error, StalePartitionError):
+        # Found in one rank's own part file (a part copied from another graph's partition):
+        # only that rank knows, so that rank says it.
+        return False
     return isinstance(error, (GraphValidationError, PartitionMismatchError,
                               UnsupportedLayerError, SparseAdjacencyError,
                               UntestedVersionError))
@@ -639,14 +734,37 @@ def _report(command: str, error: BaseException) -> None:
     print(f"{prefix}{where}: {error}{notes}", file=sys.stderr)
 
 
+#: Exit status of a run stopped by SIGTERM: 128 + 15, as a shell reports a process the
+#: signal ended (Lightning's own SIGTERMException is a SystemExit with status 0).
+SIGTERM_EXIT = 143
+
+
+def _is_sigterm(error: SystemExit) -> bool:
+    if "lightning.pytorch" not in sys.modules:  # only a Trainer raises it
+        return False
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+    return isinstance(error, SIGTERMException)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command == "train":
+        _check_train_options(args)
     try:
         return {"partition": _partition, "train": _train, "plan": _plan}[args.command](args)
+    except SystemExit as e:
+        if not _is_sigterm(e):
+            raise
+        # Every rank stopped at the same step (FullGraphStrategy's deferred SIGTERM, or
+        # Lightning's): nothing was tested or reported, which a status of 0 would hide.
+        if _rank() == 0:
+            print(f"lightning-fullgraph {args.command}: stopped by SIGTERM before the run "
+                  "finished; no result", file=sys.stderr, flush=True)
+        return SIGTERM_EXIT
     except (ValueError, RuntimeError, OSError, TypeError, ImportError, IndexError) as e:
         if os.environ.get("LIGHTNING_FULLGRAPH_DEBUG"):
             raise

@@ -218,3 +218,104 @@ def test_train_pyg_neighbor_loader_with_ddp(tmp_path):
     assert abs(summary["comm_MB_per_epoch_per_rank"] - 3 * 4 * params / 1e6) < 1e-9
     assert [p[0] for p in summary["val_trace"]] == [1, 3, 5]
     assert summary["test_acc"] > 0.3
+
+
+def test_options_the_strategy_would_ignore_are_refused(capsys):
+    # argparse's error (usage, exit status 2), naming every ignored option and what it needs;
+    # before, --strategy 4d trained and reported "codec": null.
+    fullgraph_only = ["--codec", "int2", "--cache", "0.1", "--pipeline", "async",
+                      "--boundary-sampling", "0.5", "--overlap", "--aggregation", "post"]
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--strategy", "4d", "--model", "scalegnn", *fullgraph_only])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: lightning-fullgraph train")
+    assert ("--aggregation, --codec, --cache, --pipeline, --overlap and --boundary-sampling "
+            "apply only with --strategy fullgraph (got --strategy 4d --model scalegnn)") in err
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--grid", "2,1,1", "--dp", "2", "--bf16-comm", "--steps-per-epoch", "3"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert ("--dp, --grid, --bf16-comm and --steps-per-epoch apply only with --strategy 4d "
+            "(got --strategy fullgraph)") in err
+    with pytest.raises(SystemExit):
+        main(["train", "--strategy", "pyg", "--timeout", "30", "--num-neighbors", "5,5"])
+    err = capsys.readouterr().err
+    assert "--timeout applies only with --strategy fullgraph or 4d" in err
+    assert "--num-neighbors applies only with --strategy pyg --loader neighbor" in err
+    with pytest.raises(SystemExit):
+        main(["train", "--strategy", "4d", "--model", "scalegnn", "--norm", "batch_norm"])
+    assert "--norm applies only with a --model other than scalegnn" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--strategy", "4d", "--grid", "2,1"])
+    assert "three positive process counts" in capsys.readouterr().err
+
+
+def test_default_number_of_processes_follows_the_cores():
+    # A 2-core machine runs 2 processes, not 4 that would wait for each other's cores.
+    from lightning_fullgraph.cli import _default_devices
+    assert build_parser().parse_args(["train"]).devices is None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert _default_devices("cpu") == min(4, cores)
+    demo = [line for line in (ROOT / "scripts" / "demo.sh").read_text().splitlines()
+            if line.startswith("exec ")]
+    assert len(demo) == 1 and "--devices" not in demo[0]  # the CLI's default
+
+
+def test_sigterm_ends_the_run_with_a_non_zero_status_saying_so(monkeypatch, capsys):
+    # Lightning stops every rank at the next step with SIGTERMException, a SystemExit of
+    # status 0: the CLI said nothing and exited 0 as if the run had finished. (The whole
+    # path, a SIGTERM to rank 0 of 2 processes, is what scripts/ and the README show; a real
+    # signal is not sent here: it would leave the strategy's stop watchdog in pytest.)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    import lightning_fullgraph.cli as cli
+
+    def stopped(args):
+        raise SIGTERMException()
+
+    monkeypatch.setattr(cli, "_train", stopped)
+    assert main(["train", "--devices", "1"]) == cli.SIGTERM_EXIT == 143
+    captured = capsys.readouterr()
+    assert captured.err == ("lightning-fullgraph train: stopped by SIGTERM before the run "
+                            "finished; no result\n") and captured.out == ""
+    monkeypatch.setenv("RANK", "1")  # the other ranks stop with the same status, silently
+    assert main(["train", "--devices", "1"]) == 143 and capsys.readouterr().err == ""
+    monkeypatch.setattr(cli, "_train", lambda args: sys.exit(3))  # any other exit: as is
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--devices", "1"])
+    assert info.value.code == 3
+
+
+def test_4d_dimensions_are_checked_before_any_process_starts(capsys, monkeypatch):
+    # Checked by every rank in the strategy, the error was printed once per rank.
+    import lightning.pytorch as pl
+
+    def launched(*args, **kwargs):
+        raise AssertionError("processes were started")
+
+    monkeypatch.setattr(pl.Trainer, "fit", launched)
+    assert main(["train", "--strategy", "4d", "--model", "scalegnn", "--devices", "3",
+                 "--grid", "2,1,1"]) == 2
+    assert capsys.readouterr().err.count("not a multiple of the grid (2, 1, 1)") == 1
+    assert main(["train", "--strategy", "4d", "--model", "scalegnn", "--devices", "2",
+                 "--dp", "3"]) == 2
+    assert "make dp * x * y * z equal the number of processes" in capsys.readouterr().err
+
+
+def test_num_classes_is_checked_by_every_strategy(capsys, monkeypatch):
+    # --strategy pyg and 4d sized the model from the labels and ignored --num-classes.
+    import lightning.pytorch as pl
+    monkeypatch.setattr(pl.Trainer, "fit", lambda *a, **k: pytest.fail("trained"))
+    for strategy in (["--strategy", "pyg"], ["--strategy", "4d", "--model", "scalegnn"]):
+        assert main(["train", *strategy, "--devices", "1", "--num-classes", "3"]) == 2
+        assert "y has 1722 labels >= num_classes=3" in capsys.readouterr().err
+
+
+def test_an_error_found_in_one_ranks_part_file_is_printed_by_that_rank():
+    # A part copied from another graph: only the rank whose file it is knows (when it is not
+    # caught up front on rank 0), so that rank prints it; rank 0 says another rank failed.
+    from lightning_fullgraph.cli import _same_on_every_rank
+    from lightning_fullgraph.partition import PartitionMismatchError, StalePartitionError
+    assert not _same_on_every_rank(StalePartitionError("part-1-of-2.pt ... different graph"))
+    assert _same_on_every_rank(PartitionMismatchError("made for 2 parts ..."))

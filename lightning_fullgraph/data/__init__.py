@@ -9,6 +9,7 @@ from lightning_fullgraph.data.validation import (
     GraphReport,
     GraphValidationError,
     GraphWarning,
+    check_no_sparse_adjacency,
     check_num_parts,
     validate_graph,
 )
@@ -24,4 +25,5 @@ __all__ = [
     "GraphValidationError",
     "GraphWarning",
     "check_num_parts",
+    "check_no_sparse_adjacency",
 ]

@@ -70,6 +70,13 @@ class FullGraphDataModule(pl.LightningDataModule):
         transform (Callable, optional): Applied to the global graph before it is
             validated and partitioned (e.g. ``torch_geometric.transforms.NormalizeFeatures()``),
             as PyG datasets apply ``transform``; its result decides the partition cache key.
+        normalize_features (bool or str): Row-normalize the features of a data set given by
+            name (:func:`~lightning_fullgraph.data.load_dataset`): ``"auto"`` (default) does
+            for ``"cora"``, as PyG's Planetoid examples and ``lightning-fullgraph train`` do,
+            and not for synthetic graphs; :obj:`True`/:obj:`False` decide. A
+            :class:`~torch_geometric.data.Data` is used as given unless :obj:`True` (use
+            :obj:`transform` for anything else); a partition directory keeps the features
+            it was written with.
         hosts (int or str, optional): Host-aware partitioning: split the graph into
             :obj:`hosts` parts first, then each into ``world // hosts`` ranks
             (ranks numbered host-major, as Lightning numbers them across nodes), so
@@ -91,8 +98,13 @@ class FullGraphDataModule(pl.LightningDataModule):
                  num_classes: Optional[int] = None,
                  transform: Optional[Callable[[Data], Data]] = None,
                  hosts: Union[int, str, None] = "auto",
-                 level_percentiles: Optional[Sequence[float]] = None) -> None:
+                 level_percentiles: Optional[Sequence[float]] = None,
+                 normalize_features: Union[bool, str] = "auto") -> None:
         super().__init__()
+        if normalize_features not in ("auto", True, False):
+            raise ValueError(f"normalize_features must be 'auto', True or False, got "
+                             f"{normalize_features!r}")
+        self.normalize_features = normalize_features
         if level_percentiles is not None:
             from ..partition.local import check_level_percentiles
             level_percentiles = check_level_percentiles(level_percentiles)
@@ -101,6 +113,11 @@ class FullGraphDataModule(pl.LightningDataModule):
                 not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1):
             raise ValueError(f"hosts must be 'auto', None or a positive int, got {hosts!r}")
         self.hosts = hosts
+        if isinstance(data, Data):
+            # Here, on every process before any collective: one clear error, the same on
+            # every rank, instead of rank 0 failing in prepare_data while its peers wait.
+            from .validation import check_no_sparse_adjacency
+            check_no_sparse_adjacency(data)
         self._data = data if isinstance(data, Data) else None
         self._source = None if isinstance(data, Data) else str(data)
         self.num_parts = num_parts
@@ -110,6 +127,7 @@ class FullGraphDataModule(pl.LightningDataModule):
         self.num_classes_arg = num_classes
         self.transform = transform
         self._num_classes: Optional[int] = None
+        self._max_label: Optional[int] = None
         self.partition_dir: Optional[Path] = None
         self.partition = None  # LocalPartition of this rank after setup()
         self._local: Optional[Data] = None
@@ -126,9 +144,12 @@ class FullGraphDataModule(pl.LightningDataModule):
     def _global_graph(self) -> Data:
         if self._data is not None:
             data = self._data
+            if self.normalize_features is True:
+                import torch_geometric.transforms as T
+                data = T.NormalizeFeatures()(data.clone())
         else:
             from . import load_dataset
-            data = load_dataset(self._source)
+            data = load_dataset(self._source, normalize_features=self.normalize_features)
         return self.transform(data.clone() if data is self._data else data) \
             if self.transform is not None else data
 
@@ -144,6 +165,18 @@ class FullGraphDataModule(pl.LightningDataModule):
                     f"partition directory {self._source}: its levels were fixed when it was "
                     "written; re-partition with the percentiles (`lightning-fullgraph "
                     "partition --level-percentiles ...`) or pass the dataset instead")
+            if self.normalize_features != "auto":
+                raise ValueError(
+                    f"normalize_features={self.normalize_features} cannot apply to the "
+                    f"partition directory {self._source}: its features were fixed when it "
+                    "was written; re-partition (`lightning-fullgraph partition "
+                    "--normalize-features yes|no`) or pass the dataset instead")
+            # Every rank's file and the labels, here on one process: an error found by one
+            # rank's load in setup would reach the user from that rank only, after its
+            # peers started waiting for it.
+            from ..partition import check_partition
+            check_partition(self._source, self.num_parts or world,
+                            num_classes=self.num_classes_arg if self.validate else None)
             self.partition_dir = Path(self._source)
             return
         data = self._global_graph()
@@ -151,9 +184,13 @@ class FullGraphDataModule(pl.LightningDataModule):
             from .validation import validate_graph
             validate_graph(data, num_classes=self.num_classes_arg)
         parts = self.num_parts or world
+        # Lines of a partitioning that runs, once, at Lightning's info level; the reuse of a
+        # cached partition (every fit/test/predict) is only logged.
+        from lightning.pytorch.utilities import rank_zero_info
         self.partition_dir = partition_graph(data, parts, root=self.cache_dir,
                                              seed=self.seed, hosts=self._hosts(parts),
-                                             level_percentiles=self.level_percentiles)
+                                             level_percentiles=self.level_percentiles,
+                                             progress=rank_zero_info)
 
     def _hosts(self, parts: int) -> Optional[int]:
         if self.hosts != "auto":
@@ -234,15 +271,25 @@ class FullGraphDataModule(pl.LightningDataModule):
             raise RuntimeError("call setup() first")
         return self._num_classes
 
+    @property
+    def max_label(self) -> Optional[int]:
+        r"""Largest label over the whole graph (all ranks), :obj:`None` for floating-point
+        targets; known after :meth:`setup` (e.g. to explain a target out of the model's
+        range)."""
+        return self._max_label
+
     def _global_num_classes(self) -> Optional[int]:
         y = self.local_data.get("y")
         if y is None or y.is_floating_point():
             return None
-        if self.num_classes_arg is not None:
-            return self.num_classes_arg
+        # Also with num_classes given (the same collective on every rank either way): the
+        # labels' true range, which num_classes alone does not tell when it is wrong.
         top = torch.tensor([int(y.max()) + 1 if y.numel() else 0])
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        self._max_label = int(top) - 1
+        if self.num_classes_arg is not None:
+            return self.num_classes_arg
         return int(top)
 
     def _loader(self) -> DataLoader:
@@ -273,6 +320,30 @@ _OWN_KEYS = {"edge_index", "num_nodes", "n_id"}
 def _node_data_error(node_data: Any, problem: str) -> ValueError:
     return ValueError(
         f"{type(node_data).__name__} cannot be partitioned for FullGraphStrategy: {problem}")
+
+
+def _check_full_loader_arguments(node_data: Any) -> None:
+    r"""Refuses the sampling arguments PyG's own full loader fails on.
+
+    ``LightningNodeData(loader="full")`` hands its loader arguments to torch's ``DataLoader``
+    over the one graph: ``batch_size`` and ``num_workers`` it resets itself (with a warning),
+    anything ``DataLoader`` does not take (``num_neighbors``, ...) fails there with a
+    ``TypeError``. The partitioned replacement never builds that loader, so it says so here.
+    """
+    import inspect
+    accepted = set(inspect.signature(DataLoader.__init__).parameters)
+    given: Dict[str, Any] = {}
+    for attr in ("loader_kwargs", "eval_loader_kwargs"):
+        given.update(getattr(node_data, attr, None) or {})
+    unknown = sorted(key for key in given if key not in accepted)
+    if unknown:
+        name = type(node_data).__name__
+        raise ValueError(
+            f"'{name}' with loader='full' does not sample mini-batches, so it does not take "
+            f"{', '.join(repr(k) for k in unknown)} (PyG's own full loader fails on them): "
+            f"remove {'it' if len(unknown) == 1 else 'them'} from {name}(...), since "
+            "FullGraphStrategy trains on the whole graph, partitioned; for neighbour "
+            "mini-batches use loader='neighbor' with strategy='ddp'")
 
 
 def _as_mask(nodes: Any, num_nodes: int, what: str, node_data: Any) -> torch.Tensor:
@@ -331,9 +402,12 @@ class FullGraphNodeData(FullGraphDataModule):
             ``validate``, ``num_classes``, ``hosts``, ...).
 
     Raises:
-        ValueError: For another loader, a :class:`~torch_geometric.data.HeteroData`, or split
+        ValueError: For another loader, a :class:`~torch_geometric.data.HeteroData`, loader
+            arguments that only a sampling loader takes (``num_neighbors``, ...), or split
             inputs that are not node masks or indices of the graph; the message says what to
             use instead.
+        ~lightning_fullgraph.engine.SparseAdjacencyError: For a graph with a sparse adjacency
+            (``adj_t`` from ``T.ToSparseTensor()``).
     """
 
     def __init__(self, node_data: Any, **kwargs: Any) -> None:
@@ -350,6 +424,9 @@ class FullGraphNodeData(FullGraphDataModule):
                 node_data, f"its data is a {type(data).__name__}; FullGraphStrategy partitions "
                            "a homogeneous torch_geometric.data.Data (e.g. "
                            "HeteroData.to_homogeneous())")
+        from .validation import check_no_sparse_adjacency
+        check_no_sparse_adjacency(data)
+        _check_full_loader_arguments(node_data)
         graph, self._index_masks = self._graph(node_data, data)
         super().__init__(graph, **kwargs)
         self.node_data = node_data

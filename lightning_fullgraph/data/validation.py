@@ -21,7 +21,7 @@ from __future__ import annotations
 import operator
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -33,6 +33,8 @@ __all__ = [
     "GraphReport",
     "validate_graph",
     "check_num_parts",
+    "check_no_sparse_adjacency",
+    "check_label_range",
 ]
 
 _MASKS = ("train_mask", "val_mask", "test_mask")
@@ -117,6 +119,46 @@ def _rows(value) -> Optional[int]:
     if isinstance(value, Tensor) and value.dim() >= 1:
         return int(value.size(0))
     return None
+
+
+def _is_sparse_matrix(value) -> bool:
+    # torch.sparse (COO, CSR, ...) or a SparseTensor: torch_sparse's class when it is
+    # installed, else PyG's stand-in of that name (an isinstance check never builds one).
+    from torch_geometric.typing import SparseTensor
+    return isinstance(value, SparseTensor) or (
+        isinstance(value, Tensor) and value.layout != torch.strided)
+
+
+def check_no_sparse_adjacency(data: Data) -> None:
+    r"""Refuses a graph that holds its edges (also) as a sparse adjacency matrix.
+
+    ``T.ToSparseTensor()`` (PyG's ``gcn2_cora.py`` and others) replaces ``edge_index`` by
+    ``adj_t``: a ``torch_sparse.SparseTensor``, or without ``torch-sparse`` a
+    ``torch.sparse_csr`` tensor. Partitioned training splits the graph by ``edge_index``
+    and gives every rank its own ``edge_index`` with halo rows and halo degrees added, which
+    a sparse matrix over the whole graph cannot become. Checked before anything else, on
+    every process that holds the graph, so the error comes once, before partitioning.
+
+    Raises:
+        ~lightning_fullgraph.engine.SparseAdjacencyError: For any attribute other than
+            ``x`` that is a sparse matrix (``x`` has its own check in
+            :func:`validate_graph`).
+    """
+    keys = [key for key, value in data.items() if key != "x" and _is_sparse_matrix(value)]
+    if not keys:
+        return
+    from ..engine.partitioned import SparseAdjacencyError
+    key = keys[0]
+    value = data[key]
+    what = type(value).__name__ + (f" ({value.layout})" if isinstance(value, Tensor) else "")
+    raise SparseAdjacencyError(
+        f"data.{key} is a sparse adjacency ({what}, e.g. from T.ToSparseTensor()); "
+        "partitioned training splits the graph by data.edge_index and adds halo rows and "
+        "halo degrees to every rank's edge_index, which a sparse matrix cannot hold. Fix: "
+        "drop T.ToSparseTensor() from the transforms and call the layers with "
+        f"batch.edge_index (conv(x, batch.edge_index) rather than conv(x, batch.{key})), "
+        f"or rebuild the edges: data.edge_index = torch_geometric.utils.to_edge_index("
+        f"data.{key})[0].flip(0); del data.{key}")
 
 
 def _check_node_counts(data: Data) -> None:
@@ -226,9 +268,7 @@ def _check_edge_index(data: Data, num_nodes: int) -> Tensor:
     if edge_index is None:
         raise GraphValidationError(
             "data.edge_index is missing; fix: store the edges as a [2, "
-            "num_edges] int64 tensor (for a SparseTensor adj_t use "
-            "row, col, _ = adj_t.t().coo(); data.edge_index = "
-            "torch.stack([row, col]))")
+            "num_edges] int64 tensor")
     if (not isinstance(edge_index, Tensor)
             or edge_index.layout != torch.strided):
         raise GraphValidationError(
@@ -346,13 +386,7 @@ def _check_y(data: Data, num_nodes: int, num_classes: Optional[int],
     ids = _label_ids(labelled) if labelled.numel() else labelled
     if num_classes is None:
         num_classes = int(ids[-1]) + 1 if ids.numel() else 0
-    too_large = y >= num_classes
-    if bool(too_large.any()):
-        node = _first(too_large)
-        raise GraphValidationError(
-            f"y has {int(too_large.sum())} labels >= num_classes="
-            f"{num_classes} (first at node {node}: {int(y[node])}); fix: pass "
-            f"the right num_classes or remap labels to 0..num_classes-1")
+    check_label_range([(torch.arange(num_nodes), y)], num_classes)
     unlabelled = y == -1
     for name, mask in masks.items():
         inside = unlabelled & mask
@@ -363,6 +397,40 @@ def _check_y(data: Data, num_nodes: int, num_classes: Optional[int],
                 f"remove them from the mask (data.{name} &= data.y >= 0) or "
                 f"label them")
     return num_classes, int(unlabelled.sum()), ids
+
+
+def check_label_range(parts: Iterable[Tuple[Tensor, Tensor]], num_classes: int,
+                      where: str = "") -> None:
+    r"""Refuses integer labels ``>= num_classes``, over the parts of a graph.
+
+    Args:
+        parts (Iterable[Tuple[Tensor, Tensor]]): ``(global node ids, labels)`` of each part
+            (the whole graph: one part).
+        num_classes (int): Number of classes.
+        where (str): Where the labels are, for the message (e.g. the partition directory).
+
+    Raises:
+        GraphValidationError: Naming how many labels are too large, the first such node
+            (smallest global id) and its label, and the fix.
+    """
+    count, first = 0, None
+    for ids, y in parts:
+        if y is None or y.is_floating_point() or y.numel() == 0:
+            continue
+        too_large = y.view(-1) >= num_classes
+        n = int(too_large.sum())
+        if not n:
+            continue
+        count += n
+        bad_ids = ids[too_large]
+        at = int(bad_ids.argmin())
+        if first is None or int(bad_ids[at]) < first[0]:
+            first = (int(bad_ids[at]), int(y.view(-1)[too_large][at]))
+    if count:
+        raise GraphValidationError(
+            f"y has {count} labels >= num_classes={num_classes} (first at node "
+            f"{first[0]}: {first[1]}){where}; fix: pass the right num_classes or remap "
+            f"labels to 0..num_classes-1")
 
 
 def _label_ids(labelled: Tensor) -> Tensor:
@@ -453,7 +521,10 @@ def validate_graph(data: Data, *, num_classes: Optional[int] = None,
     not bool or not of shape ``[num_nodes]``; :obj:`y` missing or of the
     wrong shape; integer labels below ``-1`` or ``>= num_classes``; label
     ``-1`` (unlabelled) on a node inside any mask. Floating-point :obj:`y`
-    (regression, multi-label) is accepted if finite.
+    (regression, multi-label) is accepted if finite. A sparse adjacency
+    (``adj_t`` from ``T.ToSparseTensor()``) raises
+    :class:`~lightning_fullgraph.engine.SparseAdjacencyError`
+    (:func:`check_no_sparse_adjacency`).
 
     Warnings (errors if :obj:`strict`): a directed graph (METIS partitions
     the symmetrized graph, message passing uses the edges as given),
@@ -482,6 +553,7 @@ def validate_graph(data: Data, *, num_classes: Optional[int] = None,
             f"expected a torch_geometric.data.Data, got {type(data).__name__}"
             f"; heterogeneous graphs are not supported (fix: "
             f"data.to_homogeneous() for HeteroData)")
+    check_no_sparse_adjacency(data)
     _check_node_counts(data)
     with warnings.catch_warnings():
         # PyG warns when it has to guess num_nodes; we only need "any?".

@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 
@@ -52,6 +52,7 @@ __all__ = [
     "save_partitions",
     "read_manifest",
     "load_partition",
+    "check_partition",
     "partition_graph",
     "graph_fingerprint",
 ]
@@ -257,6 +258,64 @@ def load_partition(directory: PathLike, rank: int, *, num_parts: Optional[int] =
     return _read_part(path, int(rank), manifest)
 
 
+def check_partition(directory: PathLike, num_parts: Optional[int] = None, *,
+                    num_classes: Optional[int] = None) -> Dict[str, Any]:
+    r"""Checks a whole partition directory up front, on one process.
+
+    :func:`load_partition` verifies one rank's file, on that rank; an error there reaches
+    the user from that rank only, after its peers have started waiting for it. This checks
+    what can be told without reading the tensors of any rank (memory-mapped headers): the
+    manifest, the number of parts, that every part file is there and was written with the
+    manifest's graph and options (a part copied from another partition), and, with
+    :obj:`num_classes`, that no label is ``>= num_classes``. Damage inside a file (its
+    sha256) is still found by :func:`load_partition` on its rank.
+
+    Args:
+        directory (str or Path): Partition directory.
+        num_parts (int, optional): Expected number of parts (the world size).
+        num_classes (int, optional): Number of classes the labels (``y``) must be below.
+
+    Returns:
+        Dict[str, Any]: The manifest.
+
+    Raises:
+        PartitionMismatchError: For another number of parts.
+        StalePartitionError: For a part file of another graph than its manifest.
+        PartitionFormatError: For a missing manifest or part file, or one of other options.
+        ~lightning_fullgraph.data.GraphValidationError: For labels ``>= num_classes``.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    P = int(manifest["num_parts"])
+    if num_parts is not None and int(num_parts) != P:
+        raise PartitionMismatchError(
+            f"partition in {directory} was made for {P} parts but the world size is "
+            f"{int(num_parts)}; re-partition with --parts {int(num_parts)}")
+    labels = []
+    for rank in range(P):
+        name = part_file_name(rank, P)
+        path = directory / name
+        if name not in manifest["files"]:
+            raise PartitionFormatError(f"partition manifest in {directory} does not list {name}")
+        if not path.is_file():
+            raise PartitionFormatError(f"partition file {path} is missing")
+        state = _peek(path)  # {} if unreadable: load_partition then says how, on its rank
+        fingerprint = state.get("fingerprint")
+        if isinstance(fingerprint, str) and fingerprint:
+            mismatch = _part_manifest_mismatch(fingerprint, state.get("options"), manifest)
+            if mismatch is not None:
+                raise _mixed_partition_error(path, mismatch, manifest, fingerprint)
+        y = (state.get("node_attrs") or {}).get("y")
+        owned = state.get("owned_ids")
+        if isinstance(y, torch.Tensor) and isinstance(owned, torch.Tensor):
+            labels.append((owned, y))
+    if num_classes is not None:
+        from ..data.validation import check_label_range
+        check_label_range(labels, int(num_classes), where=f" in the partition directory "
+                                                          f"{directory}")
+    return manifest
+
+
 _WEIGHTS_ONLY_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
@@ -430,7 +489,8 @@ def _cache_write_error(cache_dir: Path, root: Optional[PathLike],
 
 
 def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
-                    seed: int = 0, force: bool = False, progress: bool = True,
+                    seed: int = 0, force: bool = False,
+                    progress: Union[bool, Callable[[str], None]] = True,
                     ufactor: Optional[int] = None,
                     train_key: Optional[str] = "train_mask",
                     hosts: Optional[int] = None,
@@ -450,9 +510,13 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
             :func:`default_cache_root`).
         seed (int): METIS seed.
         force (bool): Re-partition even if a cached partition exists.
-        progress (bool): Print timings and the :class:`PartitionStats` table to
-            standard error (standard output stays free for results, e.g.
-            ``lightning-fullgraph train --json``).
+        progress (bool or Callable[[str], None]): :obj:`True`: print timings and the
+            :class:`PartitionStats` table to standard error (standard output stays free for
+            results, e.g. ``lightning-fullgraph partition --json``), and the reuse of a
+            cached partition. A callable (e.g. Lightning's ``rank_zero_info``, as
+            :class:`~lightning_fullgraph.FullGraphDataModule` passes) gets the lines of a
+            partitioning that runs; the reuse of a cached partition is only logged
+            (``logging``, INFO). :obj:`False`: nothing.
         ufactor (int, optional): METIS imbalance tolerance in 1/1000.
         train_key (str, optional): Training mask balanced across ranks.
         hosts (int, optional): Number of hosts (machines) the :obj:`num_parts`
@@ -483,6 +547,8 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
             :class:`OSError`.
     """
     t0 = time.perf_counter()
+    from ..data.validation import check_no_sparse_adjacency
+    check_no_sparse_adjacency(data)  # T.ToSparseTensor()'s adj_t: its own error and fix
     edge_index = getattr(data, "edge_index", None)
     if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 \
             or edge_index.size(0) != 2:
@@ -509,10 +575,13 @@ def partition_graph(data, num_parts: int, *, root: Optional[PathLike] = None,
         options["level_percentiles"] = list(level_percentiles)
     fingerprint = graph_fingerprint(data)
     directory = partition_cache_dir(root, fingerprint, num_parts, options)
-    say = _say if progress else (lambda *a: None)
+    say = _say if progress is True else progress if callable(progress) \
+        else (lambda *a: None)
     if not force and _is_complete(directory, num_parts, fingerprint):
+        # Routine on every fit/test/predict of a data module: quiet unless asked for.
         log.info("reusing partition %s", directory)
-        say(f"[partition] reusing cached partition {directory}")
+        if progress is True:
+            say(f"[partition] reusing cached partition {directory}")
         return directory
 
     weights = node_weights_for(data, train_key=train_key)

@@ -22,7 +22,40 @@ def assert_same(a, b):
 
 
 def test_cora_by_name():
-    assert_same(load_dataset(" Cora "), load_cora())
+    # By name, Cora's features are row-normalized (as PyG's Planetoid examples load it);
+    # load_cora() is the raw Planetoid data.
+    import torch_geometric.transforms as T
+    assert_same(load_dataset(" Cora "), T.NormalizeFeatures()(load_cora()))
+    assert_same(load_dataset("cora", normalize_features=False), load_cora())
+    assert torch.allclose(load_dataset("cora").x.sum(-1), torch.ones(2708))
+    assert not torch.equal(load_dataset("cora").x, load_cora().x)
+    spec = "synthetic:nodes=300,degree=4,seed=0"
+    assert_same(load_dataset(spec), load_dataset(spec, normalize_features=False))
+    with pytest.raises(ValueError, match="normalize_features must be 'auto', True or False"):
+        load_dataset("cora", normalize_features="yes")
+
+
+def test_every_entry_point_loads_the_same_cora():
+    # `lightning-fullgraph train` (and the demo), FullGraphDataModule("cora") (the LightningCLI
+    # YAML), the Fabric helpers and examples/gcn_cora.py all load Cora by name: one graph,
+    # one partition cache key.
+    import yaml
+    from pathlib import Path
+
+    from lightning_fullgraph import FullGraphDataModule
+    from lightning_fullgraph.cli import _load, build_parser
+    from lightning_fullgraph.partition import graph_fingerprint
+    root = Path(__file__).resolve().parents[2]
+    cli = _load(build_parser().parse_args(["train"]))
+    config = yaml.safe_load((root / "examples/cli/config.yaml").read_text())["data"]
+    module = FullGraphDataModule(**config["init_args"])
+    expected = graph_fingerprint(load_dataset("cora"))
+    assert graph_fingerprint(cli) == graph_fingerprint(module._global_graph()) == expected
+    assert graph_fingerprint(FullGraphDataModule("cora")._global_graph()) == expected
+    assert 'load_dataset("cora")' in (root / "examples/gcn_cora.py").read_text()
+    raw = FullGraphDataModule("cora", normalize_features=False)._global_graph()
+    cli_raw = _load(build_parser().parse_args(["train", "--normalize-features", "no"]))
+    assert graph_fingerprint(raw) == graph_fingerprint(cli_raw) == graph_fingerprint(load_cora())
 
 
 def test_synthetic_spec():

@@ -437,3 +437,56 @@ def test_bundled_graphs_do_not_warn_without_num_classes():
                                 seed=num_classes)
         report = validate_graph(graph, strict=True)
         assert report.num_classes == num_classes
+
+
+def _sparse_adjacencies():
+    # What T.ToSparseTensor() gives: without torch-sparse (as here and in CI) a torch.sparse
+    # CSR tensor; with it, a SparseTensor, stood in for by PyG's class of that name (an
+    # isinstance check never calls its constructor, which needs torch-sparse).
+    import torch_geometric.transforms as T
+    from torch_geometric.typing import SparseTensor
+    csr = T.ToSparseTensor()(ring())
+    assert "edge_index" not in csr
+    kept = T.ToSparseTensor(remove_edge_index=False)(ring())  # edge_index and adj_t
+    stub = ring()
+    del stub.edge_index
+    stub.adj_t = SparseTensor.__new__(SparseTensor)
+    return [(csr, "torch.sparse_csr"), (kept, "torch.sparse_csr"), (stub, "SparseTensor")]
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_sparse_adjacency_is_refused_with_its_fix(case, tmp_path):
+    # gcn2_cora.py's T.ToSparseTensor(): the documented SparseAdjacencyError, naming adj_t and
+    # the fix, from the checks, the data module (at construction, on every rank: before any
+    # collective) and partition_graph, never "edge_index must be a tensor of shape [2, E]".
+    from lightning_fullgraph import FullGraphDataModule
+    from lightning_fullgraph.engine import SparseAdjacencyError
+    from lightning_fullgraph.partition import partition_graph
+    data, what = _sparse_adjacencies()[case]
+    pattern = (rf"data.adj_t is a sparse adjacency \(.*{what}.*T.ToSparseTensor\(\)\).*Fix: "
+               r"drop T.ToSparseTensor\(\).*batch.edge_index.*to_edge_index\(data.adj_t\)"
+               r"\[0\].flip\(0\); del data.adj_t")
+    for call in (lambda: validate_graph(data), lambda: FullGraphDataModule(data),
+                 lambda: partition_graph(data, 2, root=tmp_path, progress=False)):
+        with pytest.raises(SparseAdjacencyError, match=pattern):
+            call()
+    assert not any(tmp_path.iterdir())  # nothing partitioned
+
+
+def test_sparse_adjacency_fix_in_the_message_gives_back_the_edges():
+    # The fix the message names, applied to what T.ToSparseTensor() made of a directed graph
+    # (the transpose matters), restores its edges and passes the checks.
+    import torch_geometric.transforms as T
+    from torch_geometric.utils import coalesce, to_edge_index
+
+    from lightning_fullgraph.engine import SparseAdjacencyError
+    data = ring()
+    data.edge_index = data.edge_index[:, :6]
+    sparse = T.ToSparseTensor()(data.clone())
+    with pytest.raises(SparseAdjacencyError) as info:
+        validate_graph(sparse)
+    fix = str(info.value).rsplit("rebuild the edges: ", 1)[1]
+    exec(fix, {"torch_geometric": __import__("torch_geometric.utils"), "data": sparse})
+    assert "adj_t" not in sparse
+    assert torch.equal(coalesce(sparse.edge_index), coalesce(data.edge_index))
+    validate_graph(sparse)

@@ -527,3 +527,70 @@ def test_datamodule_refuses_level_percentiles_for_a_written_partition(saved):
         dm.prepare_data()
     with pytest.raises(ValueError, match="increasing fractions"):
         FullGraphDataModule("cora", level_percentiles=(0.5, 0.5, 0.9))
+
+
+def test_datamodule_checks_every_part_of_a_partition_directory_up_front(tmp_path, make_graph):
+    # A part copied from another graph's partition is found by the process that prepares the
+    # data (rank 0), before any rank loads its own: the cause reaches the user once, from the
+    # rank that reports, instead of only from the rank whose file it is.
+    import shutil
+
+    from lightning_fullgraph import FullGraphDataModule
+    from lightning_fullgraph.partition import check_partition
+    a, b = make_graph(seed=0), make_graph(seed=1)
+    path_a = partition_graph(a, 2, root=tmp_path / "a", progress=False)
+    path_b = partition_graph(b, 2, root=tmp_path / "b", progress=False)
+    assert check_partition(path_a, 2)["num_parts"] == 2
+    shutil.copyfile(path_b / "part-1-of-2.pt", path_a / "part-1-of-2.pt")
+    msg = "part-1-of-2.pt was made for a different graph than its manifest"
+    with pytest.raises(StalePartitionError, match=msg):
+        check_partition(path_a, 2)
+    with pytest.raises(StalePartitionError, match=msg):
+        FullGraphDataModule(str(path_a), num_parts=2).prepare_data()  # part 0 is fine
+    with pytest.raises(PartitionMismatchError, match="made for 2 parts but the world size is 3"):
+        check_partition(path_b, 3)
+    (path_b / "part-0-of-2.pt").unlink()
+    with pytest.raises(PartitionFormatError, match="part-0-of-2.pt is missing"):
+        FullGraphDataModule(str(path_b), num_parts=2).prepare_data()
+
+
+def test_labels_of_a_partition_directory_are_checked_against_num_classes(tmp_path, graph):
+    # As validate_graph checks a Data before partitioning, with the same message.
+    from lightning_fullgraph import FullGraphDataModule
+    from lightning_fullgraph.data import GraphValidationError
+    path = partition_graph(graph, 2, root=tmp_path, progress=False)
+    too_large = graph.y >= 2
+    first = int(too_large.nonzero()[0])
+    msg = (rf"y has {int(too_large.sum())} labels >= num_classes=2 \(first at node {first}: "
+           rf"{int(graph.y[first])}\) in the partition directory .*fix: pass the right "
+           r"num_classes")
+    with pytest.raises(GraphValidationError, match=msg):
+        FullGraphDataModule(str(path), num_parts=2, num_classes=2).prepare_data()
+    FullGraphDataModule(str(path), num_parts=2, num_classes=2, validate=False).prepare_data()
+    FullGraphDataModule(str(path), num_parts=2, num_classes=3).prepare_data()
+    # The labels' true range is known after setup, also when num_classes is given (wrong or
+    # not), e.g. to explain a target outside the model's outputs.
+    one = partition_graph(graph, 1, root=tmp_path, progress=False)
+    dm = FullGraphDataModule(str(one), num_classes=2, validate=False)
+    dm.setup()
+    assert dm.num_classes == 2 and dm.max_label == int(graph.y.max()) == 2
+
+
+def test_reusing_a_cached_partition_is_quiet_in_the_data_module(tmp_path, graph, capsys):
+    # Every fit/test/predict prepares the data again: the cache hit prints nothing; a
+    # partitioning that runs is shown once, at Lightning's info level (rank_zero_info), not
+    # printed by every process.
+    from lightning_fullgraph import FullGraphDataModule
+    lines = []
+    partition_graph(graph, 2, root=tmp_path / "p", progress=lines.append)
+    assert any(line.startswith("[partition] METIS") for line in lines)
+    partition_graph(graph, 2, root=tmp_path / "p", progress=lines.append)  # cache hit
+    assert not any("reusing cached" in line for line in lines)
+    assert capsys.readouterr().err == ""
+    dm = FullGraphDataModule(graph, num_parts=2, cache_dir=str(tmp_path / "dm"))
+    dm.prepare_data()
+    capsys.readouterr()
+    for _ in range(3):
+        FullGraphDataModule(graph, num_parts=2, cache_dir=str(tmp_path / "dm")).prepare_data()
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""

@@ -266,5 +266,38 @@ def test_split_inputs_become_masks_and_index_attributes_local_indices(tmp_path):
             data, input_test_nodes=torch.tensor([5000]), loader="full"))
 
 
+def test_full_loader_refuses_sampling_arguments_and_sparse_adjacency():
+    # PyG's own full loader fails on num_neighbors (a TypeError from torch's DataLoader) and
+    # resets batch_size/num_workers with its own warning; the partitioned replacement never
+    # builds that loader, so it refuses the sampling arguments itself, naming them and the fix.
+    import warnings
+
+    import torch_geometric.transforms as T
+
+    from lightning_fullgraph import FullGraphDataModule
+    from lightning_fullgraph.engine import SparseAdjacencyError
+
+    data = load_cora()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyG's "Re-setting 'batch_size' to 1"
+        node_data = LightningNodeData(data, loader="full", num_neighbors=[10, 5],
+                                      batch_size=32, num_workers=2)
+        eval_only = LightningNodeData(data, loader="full",
+                                      eval_loader_kwargs={"subgraph_type": "induced"})
+    with pytest.raises(ValueError, match=r"'LightningNodeData' with loader='full' does not "
+                                         r"sample mini-batches, so it does not take "
+                                         r"'num_neighbors'.*remove it from LightningNodeData"
+                                         r".*loader='neighbor' with strategy='ddp'"):
+        FullGraphDataModule.from_node_data(node_data)
+    with pytest.raises(ValueError, match="does not take 'subgraph_type'"):
+        FullGraphDataModule.from_node_data(eval_only)
+    # What PyG's full loader takes stays accepted.
+    FullGraphDataModule.from_node_data(LightningNodeData(data, loader="full", timeout=5))
+    # gcn2_cora.py's T.ToSparseTensor(): the documented error, before anything is partitioned.
+    sparse = LightningNodeData(T.ToSparseTensor()(load_cora()), loader="full")
+    with pytest.raises(SparseAdjacencyError, match=r"data.adj_t is a sparse adjacency"):
+        FullGraphDataModule.from_node_data(sparse)
+
+
 if __name__ == "__main__":
     main()
