@@ -168,9 +168,13 @@ def _note(message: str) -> None:
 
 
 @contextlib.contextmanager
-def _build_lock(bdir: Path):
+def _build_lock(bdir: Path, announce_wait: bool = True):
     """Hold this machine's build lock of ``bdir`` (an ``flock``, released by the kernel when
     its holder dies) and clear a stale torch lock file under it.
+
+    ``announce_wait``: say so when another process holds the lock (it is compiling); without
+    it (the library is already built, the holder only loads it, for a second at most) the
+    wait is silent, so that every run on several processes does not print it.
 
     :func:`torch.utils.cpp_extension.load` serializes builds with a plain ``lock`` file that
     it deletes when done; a process killed mid-compile (Ctrl-C, a job scheduler, a failing
@@ -186,7 +190,7 @@ def _build_lock(bdir: Path):
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            if _is_local_rank_zero():
+            if announce_wait and _is_local_rank_zero():
                 _note(f"waiting for another process building in {bdir} ...")
             fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -223,7 +227,7 @@ def build_extension(name: str, sources: Sequence[str], cflags: Sequence[str],
     staged = _stage_sources(src, bdir, sources)
     from torch.utils import cpp_extension
 
-    with _build_lock(bdir):
+    with _build_lock(bdir, announce_wait=not (bdir / f"{name}.so").is_file()):
         # The build directory is keyed by the source hash, so a library already there is
         # loaded as is; otherwise this process compiles while the others wait on the lock.
         compiling = not (bdir / f"{name}.so").is_file()
