@@ -75,6 +75,14 @@ class AsyncPipeline:
     def lossless(self) -> bool:
         return False  # stale rows: not the single-process computation
 
+    def describe(self) -> str:
+        r"""The pipeline in words, e.g. for the warning that training is not exact."""
+        if self.max_async_epochs == 0:
+            # 0 is no bound (SYLVIE's setting), not "no async epoch".
+            return f"{self.mode} pipeline (no bound on the async epochs in a row: " \
+                   "max_async_epochs=0)"
+        return f"{self.mode} pipeline (at most {self.max_async_epochs} async epochs in a row)"
+
     def __repr__(self) -> str:
         return f"AsyncPipeline(mode={self.mode!r}, max_async_epochs={self.max_async_epochs})"
 

@@ -178,8 +178,7 @@ class ExchangePolicy:
             if not self.sampling.pre:
                 text += " (source rows only)"
         if self.pipeline is not None:
-            text += f", {self.pipeline.mode} pipeline (at most {self.pipeline.max_async_epochs} " \
-                    "async epochs in a row)"
+            text += f", {self.pipeline.describe()}"
         if self._cache is not None:
             text += f", adaptive cache (epsilon {self._cache.epsilon:g}, max age " \
                     f"{self._cache.max_age})"
