@@ -25,12 +25,15 @@ class CommunicationMonitor(Callback):
     the sent bytes that went to other machines), ``comm/exchange_s`` (seconds inside
     the exchange), ``comm/compute_s`` (rest of the training step), ``comm/step_s``
     (the whole training step: forward, backward, optimizer), and per layer
-    ``comm/layer/<name>_MB``, and ``comm/bits``, the bits per feature of the forward rows'
-    wire format (32 exact fp32, 16 bfloat16, 1-8 quantized); with an adaptive halo cache,
+    ``comm/layer/<name>_MB``, and ``comm/bits``, the mean bits per feature of the forward rows
+    as they were sent, headers aside (32 exact fp32, 16 bfloat16, 1-8 quantized; between for a
+    per-node codec such as ``"adaptive"``); with an adaptive halo cache,
     ``comm/rows_skipped_frac``, the share of the rows it could have sent that it skipped (also
     the rows boundary sampling left out), and the same per direction,
     ``comm/rows_skipped_frac_forward`` (halo rows) and ``_backward`` (their gradients); with
-    an asynchronous pipeline, ``comm/async`` (1 for an epoch on one-epoch-stale halo rows).
+    an asynchronous pipeline, ``comm/async``, the share of the epoch's pipelined exchanges that
+    ran on one-epoch-stale rows (1 for an asynchronous epoch; 0 for a synchronous one, such as
+    the first and each one bounded staleness forces).
     ``comm/sent_MB`` also appears in the progress bar, and ``comm/bits`` too when the codec
     is lossy.
 
@@ -242,6 +245,13 @@ class CommunicationMonitor(Callback):
                 if part.rows_eligible:
                     local[f"comm/rows_skipped_frac_{direction}"] = \
                         part.rows_skipped / part.rows_eligible
+        # The forward rows' wire width as sent (a per-node codec's widths included), and the
+        # pipeline's stale exchanges: reduced as means, their ratios are ratios of sums.
+        forward = stats.total("forward")
+        local["comm/_features"] = float(forward.features_sent)
+        local["comm/_feature_bits"] = float(forward.feature_bits)
+        local["comm/_pipelined"] = float(total.pipelined)
+        local["comm/_stale"] = float(total.stale)
         if self.per_layer:
             for key, counter in sorted(stats.per_key().items()):
                 local[f"comm/layer/{key}_MB"] = (counter.bytes_sent + counter.bytes_received) / 1e6
@@ -282,15 +292,20 @@ class CommunicationMonitor(Callback):
                 self.fitted_link = fitted
                 metrics["comm/fitted_latency_us"] = fitted.alpha * 1e6
                 metrics["comm/fitted_bandwidth_GBps"] = fitted.beta / 1e9
-        # The wire format in use, the same on every rank (set by the strategy's codec and
-        # changed only by callbacks that decide from all-reduced values): a lossy codec shows
-        # in the progress bar, never silently.
+        # The wire format the forward rows were sent in, over all ranks (set by the strategy's
+        # codec and changed only by callbacks that decide from all-reduced values; a per-node
+        # codec's widths measured): a lossy codec shows in the progress bar, never silently.
+        # Without rows sent this epoch (one process), the codec's nominal width.
         from ..engine.codecs.registry import wire_bits
-        metrics["comm/bits"] = wire_bits(engine.policy.codec("", "forward"))
-        pipeline = getattr(engine.policy, "pipeline", None)
-        if pipeline is not None:
-            # The epoch's mode (set before it by PipelineAdaptor, the same on every rank).
-            metrics["comm/async"] = float(pipeline.mode == "async")
+        features, bits = metrics.pop("comm/_features"), metrics.pop("comm/_feature_bits")
+        metrics["comm/bits"] = bits / features if features > 0 else \
+            wire_bits(engine.policy.codec("", "forward"))
+        pipelined, stale = metrics.pop("comm/_pipelined"), metrics.pop("comm/_stale")
+        if getattr(engine.policy, "pipeline", None) is not None:
+            # The share of the epoch's pipelined exchanges that handed the layers the previous
+            # step's rows: 1 for an asynchronous epoch, 0 for a synchronous one (the first, one
+            # after max_async_epochs, or one PipelineAdaptor made synchronous).
+            metrics["comm/async"] = stale / pipelined if pipelined > 0 else 0.0
         lossy = not engine.policy.lossless
         self.last = metrics
         self.history.append(dict(local))

@@ -26,6 +26,7 @@ from torch import Tensor
 from .cache import (CacheState, HaloCache, mask_bytes, pack_mask, per_peer, select_rows,
                     unpack_mask)
 from .codecs import Codec, IdentityCodec, WireContext
+from .codecs.registry import wire_bits
 from .pipeline import AsyncPipeline, PipeState
 from ..kernels.split import SplitRows, split_accepted
 from .context import current_layer
@@ -336,6 +337,7 @@ class HaloExchange:
         checked the codec)."""
         codec: Codec = _IDENTITY if exact else self.policy.codec(key, direction)
         ctx = self._context(key, direction, flat)
+        self._record_wire(codec, flat, key, direction, levels)
         if levels is not None and getattr(codec, "per_node", False):
             sent, received_levels = levels
             f = flat.size(1)
@@ -357,6 +359,7 @@ class HaloExchange:
         r"""Starts a transfer; returns the function that completes and decodes it."""
         codec: Codec = self.policy.codec(key, direction)
         ctx = self._context(key, direction, flat)
+        self._record_wire(codec, flat, key, direction, levels)
         if levels is not None and getattr(codec, "per_node", False):
             sent, received_levels = levels
             f = flat.size(1)
@@ -369,6 +372,17 @@ class HaloExchange:
         pending = self.transport.exchange(codec.encode(flat, ctx), send_counts, recv_counts,
                                           key=key, direction=direction, async_op=True)
         return lambda: codec.decode(pending.wait(), ctx)
+
+    def _record_wire(self, codec: Codec, flat: Tensor, key: str, direction: str,
+                     levels: Optional[Tuple[Tensor, Tensor]]) -> None:
+        r"""Counts the feature values encoded and their payload bits: a per-node codec's
+        widths from the sent rows' levels, else the codec's width for every row."""
+        rows, f = flat.size(0), (flat.size(1) if flat.dim() > 1 else 1)
+        if levels is not None and getattr(codec, "per_node", False):
+            bits = int(codec.row_bits(levels[0]).sum()) * f if rows else 0
+        else:
+            bits = int(wire_bits(codec, flat.element_size() * 8) * rows * f)
+        self.stats.record_wire(key, direction, features=rows * f, bits=bits)
 
     def _send_pipelined(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
                         key: str, direction: str, levels: Optional[Tuple[Tensor, Tensor]],
@@ -388,11 +402,13 @@ class HaloExchange:
             state.inflight = self._transfer_async(flat, send_counts, recv_counts, key,
                                                   direction, levels)
             state.run += 1
+            self.stats.record_pipeline(key, direction, stale=True)
             return stale
         if state is not None:
             state.drain()  # keep the collectives in order before the synchronous one
         received, _ = self._transfer(flat, send_counts, recv_counts, key, direction, levels)
         self._pipes[sk] = PipeState(last=received)
+        self.stats.record_pipeline(key, direction, stale=False)
         return received
 
     def set_node_ids(self, send_ids: Tensor,

@@ -20,8 +20,16 @@ class ExchangeCounter:
     inter_host_bytes_received: int = 0
     rows_eligible: int = 0  # rows a cached exchange could have sent
     rows_skipped: int = 0  # of which the receivers' cached copies served
+    features_sent: int = 0  # feature values encoded for the wire
+    feature_bits: int = 0  # their payload bits (row headers aside)
+    pipelined: int = 0  # exchanges run by the asynchronous pipeline
+    stale: int = 0  # of which handed the layer the previous step's rows
 
     def add(self, other: "ExchangeCounter") -> None:
+        self.features_sent += other.features_sent
+        self.feature_bits += other.feature_bits
+        self.pipelined += other.pipelined
+        self.stale += other.stale
         self.rows_eligible += other.rows_eligible
         self.rows_skipped += other.rows_skipped
         self.inter_host_bytes_sent += other.inter_host_bytes_sent
@@ -68,6 +76,20 @@ class CommStats:
         c = self.counters[(key, direction)]
         c.rows_eligible += eligible
         c.rows_skipped += skipped
+
+    def record_wire(self, key: str, direction: str, *, features: int, bits: int) -> None:
+        r"""Feature values a codec encoded for the wire and their payload bits (the wire
+        format actually used: per-node widths included)."""
+        c = self.counters[(key, direction)]
+        c.features_sent += features
+        c.feature_bits += bits
+
+    def record_pipeline(self, key: str, direction: str, *, stale: bool) -> None:
+        r"""One exchange of the asynchronous pipeline, and whether it handed the layer the
+        previous step's rows (asynchronous) or waited for this step's (synchronous)."""
+        c = self.counters[(key, direction)]
+        c.pipelined += 1
+        c.stale += int(stale)
 
     def reset(self) -> None:
         self.counters.clear()
