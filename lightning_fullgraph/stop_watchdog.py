@@ -80,9 +80,10 @@ class StopWatchdog:
         return True
 
     def stop(self) -> None:
-        r"""Stops watching and gives the wakeup descriptor back (main thread only).  After a
-        watched signal arrived it keeps running: the process must still end in time."""
-        if not self.running or self.received:
+        r"""Stops watching and gives the wakeup descriptor back (main thread only).  Called
+        once the run has stopped (the strategy's teardown), also after a signal: what the
+        process does afterwards is its own (a script may still write its results)."""
+        if not self.running:
             return
         if threading.current_thread() is not threading.main_thread():
             return

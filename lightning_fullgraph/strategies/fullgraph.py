@@ -447,15 +447,9 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
                        "exchange with a CollectiveError")
         match = re.search(r"Target (-?\d+) is out of bounds", str(error))
         datamodule = getattr(self.lightning_module.trainer, "datamodule", None)
-        num_classes = getattr(datamodule, "_num_classes", None)
-        if match and num_classes is not None:
-            error.add_note(
-                f"lightning-fullgraph: the graph's labels reach {num_classes - 1} (num_classes "
-                f"{'given' if getattr(datamodule, 'num_classes_arg', None) else 'inferred'} "
-                f"as {num_classes}) but the model's output is narrower than label "
-                f"{match.group(1)} + 1: fix the labels or size the model with "
-                f"num_classes={num_classes}; FullGraphDataModule(num_classes=...) checks the "
-                "labels against it before partitioning")
+        note = _label_note(datamodule, int(match.group(1))) if match else None
+        if note is not None:
+            error.add_note(note)
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
         self._sync_signals()
@@ -481,6 +475,24 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             strategy_registry.register(
                 "fullgraph_spawn", cls, description="FullGraphStrategy with spawned processes",
                 start_method="spawn")
+
+
+def _label_note(datamodule: Any, target: int) -> Optional[str]:
+    r"""Why a training target is out of the model's range, from the labels' true maximum
+    over all ranks (``FullGraphDataModule.max_label``), and the fix."""
+    top = getattr(datamodule, "max_label", None)
+    if top is None:
+        return None
+    given = getattr(datamodule, "num_classes_arg", None)
+    note = (f"lightning-fullgraph: target {target} is not below the model's number of outputs; "
+            f"the graph's labels reach {top}, so the model needs {top + 1} outputs")
+    if given is not None and top >= given:
+        # Only possible without the up-front check (validate=False).
+        return note + (f", but num_classes was given as {given} and not checked "
+                       f"(validate=False): pass num_classes={top + 1} (--num-classes {top + 1}) "
+                       f"and size the model with it, or remap the labels to 0..{given - 1}")
+    return note + (": size the model's output layer with datamodule.num_classes "
+                   f"({getattr(datamodule, 'num_classes', top + 1)})")
 
 
 def _data_error(problem: str, fix: str) -> str:

@@ -69,7 +69,7 @@ class DeferredSignals:
         self.watchdog.start()
 
     def unwatch(self) -> None:
-        r"""Stops the watchdog unless a signal arrived (then the process must still end)."""
+        r"""Stops the watchdog: the run has stopped (teardown), after a signal or not."""
         self.watchdog.stop()
 
     # -- handlers ------------------------------------------------------------------------

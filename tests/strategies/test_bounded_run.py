@@ -46,6 +46,33 @@ def test_a_second_sigterm_ends_the_process_at_once():
     assert "a second signal arrived" in err
 
 
+STOPPED_AFTER_THE_SIGNAL = """
+import signal, time
+from lightning_fullgraph.stop_watchdog import StopWatchdog
+seen = []
+signal.signal(signal.SIGTERM, lambda *a: seen.append(1))
+watchdog = StopWatchdog(grace=0.5)
+watchdog.start()
+print("READY", flush=True)
+while not seen or not watchdog.received:  # the handler ran and the watchdog saw it
+    time.sleep(0.01)
+watchdog.stop()  # the run stopped (teardown): the script goes on with its own work
+time.sleep(1.5)
+print("SURVIVED", flush=True)
+"""
+
+
+def test_a_run_that_stopped_after_sigterm_is_not_ended_later():
+    # After a fit stopped on SIGTERM, a script that went on (writing its results) was ended
+    # by the watchdog 10 s later.
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_AFTER_THE_SIGNAL],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "READY"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "SURVIVED" in out, (proc.returncode, err)
+
+
 def test_a_stopped_watchdog_leaves_the_process_and_the_wakeup_descriptor_alone():
     from lightning_fullgraph.stop_watchdog import StopWatchdog
     before = signal.set_wakeup_fd(-1)

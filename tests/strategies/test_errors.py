@@ -46,3 +46,26 @@ def test_bad_huge_pages_setting_names_the_choices():
 def test_registered_under_a_name():
     from lightning.pytorch.strategies import StrategyRegistry
     assert "fullgraph" in StrategyRegistry and "fullgraph_spawn" in StrategyRegistry
+
+
+@pytest.mark.parametrize("given,top,expected", [
+    # num_classes inferred: the model is narrower than the labels.
+    (None, 6, "the graph's labels reach 6, so the model needs 7 outputs: size the model's "
+              "output layer with datamodule.num_classes (7)"),
+    # num_classes given too small and not checked (validate=False): the fix names both ways.
+    (3, 6, "the graph's labels reach 6, so the model needs 7 outputs, but num_classes was given "
+           "as 3 and not checked (validate=False): pass num_classes=7 (--num-classes 7)"),
+    # num_classes given larger than the labels: the model is narrower than num_classes.
+    (10, 6, "the graph's labels reach 6, so the model needs 7 outputs: size the model's output "
+            "layer with datamodule.num_classes (10)"),
+])
+def test_an_out_of_range_target_is_explained_from_the_labels_true_maximum(given, top, expected):
+    # The note used to print num_classes - 1 as the labels' maximum ("labels reach 2" for
+    # labels up to 6 with num_classes=3 given) and to suggest the num_classes already given.
+    from lightning_fullgraph.strategies.fullgraph import _label_note
+    datamodule = SimpleNamespace(max_label=top, num_classes_arg=given,
+                                 num_classes=given if given is not None else top + 1)
+    note = _label_note(datamodule, 5)
+    assert note.startswith("lightning-fullgraph: target 5 is not below the model's number of "
+                           "outputs;")
+    assert expected in note, note
