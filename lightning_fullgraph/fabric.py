@@ -100,20 +100,34 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         The :class:`~lightning_fullgraph.engine.FullGraphEngine`; its ``data`` is the
         rank-local graph on Fabric's device.
     """
+    from lightning.fabric.utilities.rank_zero import rank_zero_info
+
+    from .data.validation import check_no_sparse_adjacency
     from .partition import load_partition, partition_graph
-    path = None
+    if isinstance(data, Data):
+        check_no_sparse_adjacency(data)  # on every rank, before any collective
+    path, failure = None, None
     if fabric.global_rank == 0:
-        if isinstance(data, (str, Path)) and Path(data).is_dir():
-            path = str(data)
-        else:
-            if not isinstance(data, Data):
-                from .data import load_dataset
-                data = load_dataset(str(data))
-            nodes = int(getattr(fabric, "num_nodes", 1) or 1)
-            hosts = nodes if nodes > 1 and fabric.world_size % nodes == 0 else None
-            path = str(partition_graph(data, fabric.world_size, root=cache_dir, seed=seed,
-                                       hosts=hosts))
-    path = fabric.broadcast(path, src=0)
+        try:
+            if isinstance(data, (str, Path)) and Path(data).is_dir():
+                path = str(data)
+            else:
+                if not isinstance(data, Data):
+                    from .data import load_dataset
+                    data = load_dataset(str(data))
+                nodes = int(getattr(fabric, "num_nodes", 1) or 1)
+                hosts = nodes if nodes > 1 and fabric.world_size % nodes == 0 else None
+                path = str(partition_graph(data, fabric.world_size, root=cache_dir, seed=seed,
+                                           hosts=hosts, progress=rank_zero_info))
+        except Exception as error:  # told to the other ranks, which would wait forever
+            failure = error
+    path, reason = fabric.broadcast(
+        (path, None if failure is None else f"{type(failure).__name__}: {failure}"), src=0)
+    if failure is not None:
+        raise failure
+    if reason is not None:
+        raise RuntimeError(f"rank 0 could not partition the graph ({reason}); its own error "
+                           "says more")
     partition = load_partition(path, fabric.global_rank, num_parts=fabric.world_size)
     group = None
     if timeout is not None and fabric.world_size > 1:

@@ -18,7 +18,8 @@ from .engine import FullGraphEngine  # noqa: E402
 from .errors import CollectiveError  # noqa: E402
 from .exchange import HaloExchange  # noqa: E402
 from .gather import gather_nodes  # noqa: E402
-from .gradients import (all_reduce_gradients, broadcast_parameters, loss_weight,  # noqa: E402
+from .gradients import (BackwardHooks, UnreducedBackwardError,  # noqa: E402
+                        all_reduce_gradients, broadcast_parameters, loss_weight,
                         reduce_backward)
 from .mesh import EngineMesh, ParallelDims  # noqa: E402
 from .norm import distributed_gcn_norm  # noqa: E402
@@ -34,7 +35,7 @@ from .support import (EXACT_LAYERS, REFUSED_LAYERS, TRAINING_REFUSED_LAYERS,  # 
 from .transport import PendingExchange, Transport  # noqa: E402
 
 __all__ = [
-    "FullGraphEngine", "HaloExchange", "Codec", "IdentityCodec", "WireContext", "CommStats",
+    "FullGraphEngine", "HaloExchange", "BackwardHooks", "UnreducedBackwardError", "Codec", "IdentityCodec", "WireContext", "CommStats",
     "ExchangePolicy", "HaloCache", "AsyncPipeline", "BoundarySampling", "Transport",
     "PendingExchange", "EngineMesh", "ParallelDims",
     "AggregationRouter", "MODES", "PRE_LAYERS", "pre_eligible", "StaticCache", "Agreement",

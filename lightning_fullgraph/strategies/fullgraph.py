@@ -354,6 +354,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
                                       cache=self.cache, pipeline=self.pipeline,
                                       sampling=self.boundary_sampling,
                                       loss_mask=self.loss_mask,
+                                      loss_reduction=self.loss_reduction,
                                       timeout=self.collective_timeout,
                                       aggregation=self.aggregation,
                                       ranks_per_host=self.num_processes,
