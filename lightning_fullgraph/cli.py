@@ -590,6 +590,8 @@ def _train(args) -> int:
         "comm_MB_per_epoch_per_rank": comm.get("comm/sent_MB"),
         "comm_MB_per_epoch_max_rank": comm.get("comm/sent_MB_max"),
         "comm_MB_last_epoch_per_rank": last.get("comm/sent_MB"),
+        # The planner's bytes for the same epochs (the engine's plans and the model's calls).
+        "comm_MB_predicted_per_epoch_per_rank": comm.get("comm/predicted_sent_MB"),
         "bits_mean": comm.get("comm/bits"), "bits_last": last.get("comm/bits"),
         "rows_skipped_frac": comm.get("comm/rows_skipped_frac"),
         "rows_skipped_frac_forward": comm.get("comm/rows_skipped_frac_forward"),

@@ -173,12 +173,16 @@ def test_label_out_of_range_stops_every_rank_with_the_cause(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,rank", [("fullgraph", 1), ("4d", 0), ("4d", 1)])
-def test_sigterm_to_any_rank_stops_every_process(tmp_path, strategy, rank):
+def test_sigterm_to_any_rank_stops_every_process(tmp_path):
     # FourDStrategy kept Lightning's handler, which broadcasts inside the signal handler: every
-    # rank hung for the collective timeout, then failed with a raw gloo error.
-    failed = _sigterm_at(tmp_path / "job", 3, 0.01, rank, "--strategy", strategy)
-    assert failed is None, failed
+    # rank hung for the collective timeout, then failed with a raw gloo error. The jobs run at
+    # the same time, each in its own directory (most of a job's time is its start-up).
+    jobs = [("fullgraph", 1), ("4d", 0), ("4d", 1)]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        failures = {job: pool.submit(_sigterm_at, tmp_path / f"{job[0]}-{job[1]}", 3, 0.01,
+                                     job[1], "--strategy", job[0]) for job in jobs}
+    failed = {job: f.result() for job, f in failures.items() if f.result() is not None}
+    assert not failed, failed
 
 
 @pytest.mark.multiprocess
@@ -213,12 +217,14 @@ def test_a_rank_stuck_between_steps_is_bounded_by_the_collective_timeout(tmp_pat
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("blocked", [0, 1])
-def test_sigterm_ends_a_rank_blocked_in_a_collective(tmp_path, blocked):
+def test_sigterm_ends_a_rank_blocked_in_a_collective(tmp_path):
     # The other rank sleeps between steps; the blocked one waits in a collective (timeout
     # 60 s), where no Python signal handler runs: SIGTERM, even sent three times, did nothing.
-    stuck = 1 - blocked
-    failed = _sigterm_at(tmp_path / "job", 2, 2.0, blocked, "--stall-in", "epoch_end",
-                         "--stall-rank", stuck, "--stall-epoch", 1, "--stall-seconds", 120,
-                         clean=False)
-    assert failed is None, failed
+    # Rank 0 (the launcher) and rank 1 blocked, in two jobs at the same time.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failures = {blocked: pool.submit(
+            _sigterm_at, tmp_path / f"blocked-{blocked}", 2, 2.0, blocked, "--stall-in",
+            "epoch_end", "--stall-rank", 1 - blocked, "--stall-epoch", 1, "--stall-seconds",
+            120, clean=False) for blocked in (0, 1)}
+    failed = {b: f.result() for b, f in failures.items() if f.result() is not None}
+    assert not failed, failed
