@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = ["run_distributed", "run_outcomes", "RankOutcome", "free_port", "START_METHOD_ENV",
-           "FORKSERVER_PRELOAD"]
+           "FORKSERVER_PRELOAD", "count_collectives", "CollectiveLog", "COLLECTIVES"]
 
 #: Environment variable naming the default start method of the ranks (``spawn``, the
 #: default, or ``forkserver``).
@@ -215,3 +215,62 @@ def run_outcomes(fn: Callable, world_size: int, *args: Any, timeout_s: float = 1
             elif outcomes[r].exitcode is None:
                 outcomes[r].exitcode = p.exitcode
     return [outcomes[r] for r in range(world_size)]
+
+
+#: The collectives :func:`count_collectives` counts (``torch.distributed`` functions).
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+               "all_to_all", "all_to_all_single", "barrier", "broadcast",
+               "broadcast_object_list", "reduce", "reduce_scatter",
+               "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "isend", "irecv")
+
+
+class CollectiveLog(list):
+    r"""What :func:`count_collectives` recorded: one ``(name, caller)`` per collective, in
+    order (``caller``: ``module.function`` of the innermost frame outside ``torch``)."""
+
+    def names(self) -> List[str]:
+        return [name for name, _ in self]
+
+
+class count_collectives:
+    r"""Records every ``torch.distributed`` collective called inside the ``with`` block, with
+    its caller, on this process (for tests and for documenting what a step costs)::
+
+        with count_collectives() as log:
+            train_step()
+        assert log.names().count("all_to_all_single") == 4
+
+    It replaces the functions of :data:`COLLECTIVES` on the ``torch.distributed`` module for
+    the duration of the block (only code that looks them up there at call time is seen, as
+    this library and Lightning do) and puts them back after.
+    """
+
+    def __init__(self) -> None:
+        self.log = CollectiveLog()
+        self._saved = {}
+
+    def __enter__(self) -> CollectiveLog:
+        import sys as _sys
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            self._saved[name] = original
+
+            def counted(*args, __name=name, __original=original, **kwargs):
+                frame = _sys._getframe(1)
+                while frame is not None and frame.f_globals.get("__name__", "").startswith(
+                        "torch"):
+                    frame = frame.f_back
+                caller = "?" if frame is None else \
+                    f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}"
+                self.log.append((__name, caller))
+                return __original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+        return self.log
+
+    def __exit__(self, *exc) -> None:
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+        self._saved = {}

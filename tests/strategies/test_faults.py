@@ -74,12 +74,6 @@ def _run(tmp_path, *args, limit=120):
     return proc.returncode, stdout, stderr
 
 
-# Moments of training: (epoch at whose start rank 0 is signalled, extra delay in s).  Epochs
-# of Cora on 2 processes take a few tens of ms, so the delays land in different phases
-# (forward exchanges, backward, optimizer, validation).
-MOMENTS = [(2, 0.0), (3, 0.005), (4, 0.02), (5, 0.05), (6, 0.1), (8, 0.2)]
-
-
 def _until(proc, epoch, rank):
     r"""Reads the job's stdout until rank :obj:`rank` starts :obj:`epoch`; returns the pids of
     the ranks seen so far (by rank), or a string saying what went wrong."""
@@ -124,21 +118,9 @@ def _sigterm_at(tmp_path, epoch, delay, rank=0, *args, clean=True, limit=30):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
-def test_sigterm_to_rank_zero_stops_every_process(tmp_path):
-    # How SLURM and Kubernetes stop jobs. Lightning's own handler broadcast from inside the
-    # signal handler while the other rank waited in a halo exchange: both hung for the
-    # whole collective timeout (60 s here). Two jobs at a time (each in its own directory):
-    # most of a job's time is its start-up, and CI's time budget is 30 minutes.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        failures = {moment: pool.submit(_sigterm_at, tmp_path / f"moment-{i}", *moment)
-                    for i, moment in enumerate(MOMENTS)}
-    failed = {moment: f.result() for moment, f in failures.items() if f.result() is not None}
-    assert not failed, failed
-
-
-@pytest.mark.multiprocess
 def test_startup_is_not_limited_by_the_collective_timeout(tmp_path):
+    # First in the module, alone: the other jobs (started together by the `jobs` fixture)
+    # would load the machine, and this one trains under a 1 s collective timeout.
     # A 1 s dead-peer timeout used to limit the rendezvous and the barrier while rank 0
     # partitions (here: 3 s), failing start-up with "Timed out ... waiting for clients".
     code, stdout, stderr = _run(tmp_path, "--timeout", 1, "--slow-prepare", 3, "--epochs", 3,
@@ -147,10 +129,86 @@ def test_startup_is_not_limited_by_the_collective_timeout(tmp_path):
     assert "RESULT" in stdout and "processes=2" in stdout
 
 
+# Moments of training: (epoch at whose start rank 0 is signalled, extra delay in s).  Epochs
+# of Cora on 2 processes take a few tens of ms, so the delays land in different phases
+# (forward exchanges, backward, optimizer, validation).
+MOMENTS = [(2, 0.0), (3, 0.005), (4, 0.02), (5, 0.05), (6, 0.1), (8, 0.2)]
+
+
+def _finished(tmp_path, *args, limit=120):
+    r"""Runs the script to its end (see :func:`_run`), or says why not: a string."""
+    tmp_path.mkdir()
+    try:
+        return _run(tmp_path, *args, limit=limit)
+    except AssertionError as error:
+        return str(error)
+
+
+def _stuck_between_steps(tmp_path):
+    r"""Rank 1 sleeps in on_train_epoch_end, where no collective of the library runs.
+    Returns ``(seconds until every process exited, exit code, stderr)``."""
+    tmp_path.mkdir()
+    proc = _start(tmp_path, "--timeout", 5, "--stall-in", "epoch_end", "--stall-rank", 1,
+                  "--stall-epoch", 2, "--stall-seconds", 120, "--epochs", 6)
+    pids = _until(proc, 2, 1)
+    if isinstance(pids, str):
+        return None, None, pids
+    start = time.monotonic()
+    alive, _, stderr = _wait_all(proc, _children(proc, 1), 60)
+    return (None if alive else time.monotonic() - start), proc.returncode, stderr
+
+
+def _jobs():
+    r"""Every job of this module but the start-up one (whose point is a 1 s collective
+    timeout, which other jobs' load could trip), as ``name -> (function, args)``."""
+    jobs = {f"moment-{i}": (_sigterm_at, moment) for i, moment in enumerate(MOMENTS)}
+    # SIGTERM to a non-zero rank, and under FourDStrategy, whose processes used to hang.
+    jobs.update({f"any-{strategy}-{rank}": (_sigterm_at, (3, 0.01, rank, "--strategy", strategy))
+                 for strategy, rank in (("fullgraph", 1), ("4d", 0), ("4d", 1))})
+    # A rank blocked in a collective (timeout 60 s) while the other sleeps between steps.
+    for blocked in (0, 1):
+        jobs[f"blocked-{blocked}"] = (_blocked, (blocked, ))
+    jobs["stuck-in-step"] = (_finished, ("--timeout", 3, "--stall-rank", 1, "--stall-epoch", 2,
+                                         "--stall-seconds", 15, "--epochs", 6))
+    jobs["stuck-between-steps"] = (_stuck_between_steps, ())
+    jobs["bad-label"] = (_finished, ("--bad-label", "--epochs", 3, "--timeout", 60))
+    jobs["metric-in-progress-bar"] = (_finished, ("--log-train-acc", "--progress-bar",
+                                                  "--epochs", 3, "--timeout", 30))
+    return jobs
+
+
+def _blocked(tmp_path, blocked):
+    return _sigterm_at(tmp_path, 2, 2.0, blocked, "--stall-in", "epoch_end", "--stall-rank",
+                       1 - blocked, "--stall-epoch", 1, "--stall-seconds", 120, clean=False)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    r"""Starts every job at once, three at a time (most of a job's time is its start-up and
+    its waits; CI's time budget is 30 minutes); each test waits for its own."""
+    root = tmp_path_factory.mktemp("faults")
+    pool = ThreadPoolExecutor(max_workers=3)
+    futures = {name: pool.submit(fn, root / name, *args) for name, (fn, args) in _jobs().items()}
+    yield futures
+    pool.shutdown(wait=True)
+
+
 @pytest.mark.multiprocess
-def test_stuck_rank_gives_a_timeout_naming_the_exchange_and_the_option(tmp_path):
-    code, _, stderr = _run(tmp_path, "--timeout", 3, "--stall-rank", 1, "--stall-epoch", 2,
-                           "--stall-seconds", 15, "--epochs", 6)
+@pytest.mark.slow
+def test_sigterm_to_rank_zero_stops_every_process(jobs):
+    # How SLURM and Kubernetes stop jobs. Lightning's own handler broadcast from inside the
+    # signal handler while the other rank waited in a halo exchange: both hung for the
+    # whole collective timeout (60 s here).
+    failed = {m: jobs[f"moment-{i}"].result() for i, m in enumerate(MOMENTS)}
+    failed = {m: why for m, why in failed.items() if why is not None}
+    assert not failed, failed
+
+
+@pytest.mark.multiprocess
+def test_stuck_rank_gives_a_timeout_naming_the_exchange_and_the_option(jobs):
+    result = jobs["stuck-in-step"].result()
+    assert not isinstance(result, str), result
+    code, _, stderr = result
     assert code != 0
     assert "CollectiveError: rank 0:" in stderr, stderr[-4000:]
     assert "timed out (collective timeout 3 s)" in stderr, stderr[-4000:]
@@ -159,11 +217,13 @@ def test_stuck_rank_gives_a_timeout_naming_the_exchange_and_the_option(tmp_path)
 
 
 @pytest.mark.multiprocess
-def test_label_out_of_range_stops_every_rank_with_the_cause(tmp_path):
+def test_label_out_of_range_stops_every_rank_with_the_cause(jobs):
     # num_classes not given: inferred as 100 from the bad label (with a warning), while
     # the model has 7 outputs. The rank holding the node raises torch's error, with notes
     # saying where and why; the other rank stops at its next exchange instead of hanging.
-    code, _, stderr = _run(tmp_path, "--bad-label", "--epochs", 3, "--timeout", 60)
+    result = jobs["bad-label"].result()
+    assert not isinstance(result, str), result
+    code, _, stderr = result
     assert code != 0
     assert "Target 99 is out of bounds" in stderr, stderr[-4000:]
     assert "the graph's labels reach 99" in stderr, stderr[-4000:]
@@ -173,43 +233,34 @@ def test_label_out_of_range_stops_every_rank_with_the_cause(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_sigterm_to_any_rank_stops_every_process(tmp_path):
+def test_sigterm_to_any_rank_stops_every_process(jobs):
     # FourDStrategy kept Lightning's handler, which broadcasts inside the signal handler: every
-    # rank hung for the collective timeout, then failed with a raw gloo error. The jobs run at
-    # the same time, each in its own directory (most of a job's time is its start-up).
-    jobs = [("fullgraph", 1), ("4d", 0), ("4d", 1)]
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        failures = {job: pool.submit(_sigterm_at, tmp_path / f"{job[0]}-{job[1]}", 3, 0.01,
-                                     job[1], "--strategy", job[0]) for job in jobs}
-    failed = {job: f.result() for job, f in failures.items() if f.result() is not None}
+    # rank hung for the collective timeout, then failed with a raw gloo error.
+    names = ("any-fullgraph-1", "any-4d-0", "any-4d-1")
+    failed = {name: jobs[name].result() for name in names}
+    failed = {name: why for name, why in failed.items() if why is not None}
     assert not failed, failed
 
 
 @pytest.mark.multiprocess
-def test_a_metric_in_the_progress_bar_does_not_deadlock(tmp_path):
+def test_a_metric_in_the_progress_bar_does_not_deadlock(jobs):
     # PyG's Lightning example logs a torchmetrics metric per epoch in the progress bar. At the
     # epoch's end Lightning's progress bar synchronizes it on rank 0 alone, while the other
     # rank was already in CommunicationMonitor's all-reduce: a deadlock until the start-up
     # timeout (30 minutes).
-    code, stdout, stderr = _run(tmp_path, "--log-train-acc", "--progress-bar", "--epochs", 3,
-                                "--timeout", 30, limit=150)
+    result = jobs["metric-in-progress-bar"].result()
+    assert not isinstance(result, str), result
+    code, stdout, stderr = result
     assert code == 0, stderr[-4000:]
     assert "RESULT" in stdout
 
 
 @pytest.mark.multiprocess
-def test_a_rank_stuck_between_steps_is_bounded_by_the_collective_timeout(tmp_path):
-    # Rank 1 sleeps in on_train_epoch_end, where no collective of the library runs: the other
-    # rank waited in default-group collectives under the 30-minute start-up timeout.
-    proc = _start(tmp_path, "--timeout", 5, "--stall-in", "epoch_end", "--stall-rank", 1,
-                  "--stall-epoch", 2, "--stall-seconds", 120, "--epochs", 6)
-    pids = _until(proc, 2, 1)
-    assert not isinstance(pids, str), pids
-    start = time.monotonic()
-    alive, _, stderr = _wait_all(proc, _children(proc, 1), 60)
-    assert not alive and time.monotonic() - start < 30, (time.monotonic() - start,
-                                                          stderr[-4000:])
-    assert proc.returncode != 0
+def test_a_rank_stuck_between_steps_is_bounded_by_the_collective_timeout(jobs):
+    # The other rank waited in default-group collectives under the 30-minute start-up timeout.
+    seconds, code, stderr = jobs["stuck-between-steps"].result()
+    assert seconds is not None and seconds < 30, (seconds, stderr[-4000:])
+    assert code != 0
     assert "CollectiveError: rank 0:" in stderr, stderr[-4000:]
     assert "timed out (collective timeout 5 s)" in stderr, stderr[-4000:]
     assert "with rank(s) 1" in stderr, stderr[-4000:]
@@ -217,14 +268,9 @@ def test_a_rank_stuck_between_steps_is_bounded_by_the_collective_timeout(tmp_pat
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_sigterm_ends_a_rank_blocked_in_a_collective(tmp_path):
-    # The other rank sleeps between steps; the blocked one waits in a collective (timeout
-    # 60 s), where no Python signal handler runs: SIGTERM, even sent three times, did nothing.
-    # Rank 0 (the launcher) and rank 1 blocked, in two jobs at the same time.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        failures = {blocked: pool.submit(
-            _sigterm_at, tmp_path / f"blocked-{blocked}", 2, 2.0, blocked, "--stall-in",
-            "epoch_end", "--stall-rank", 1 - blocked, "--stall-epoch", 1, "--stall-seconds",
-            120, clean=False) for blocked in (0, 1)}
-    failed = {b: f.result() for b, f in failures.items() if f.result() is not None}
+def test_sigterm_ends_a_rank_blocked_in_a_collective(jobs):
+    # The blocked rank waits in a collective (timeout 60 s), where no Python signal handler
+    # runs: SIGTERM, even sent three times, did nothing. Rank 0 (the launcher) and rank 1.
+    failed = {b: jobs[f"blocked-{b}"].result() for b in (0, 1)}
+    failed = {b: why for b, why in failed.items() if why is not None}
     assert not failed, failed

@@ -1,0 +1,94 @@
+"""How many collectives a steady-state training step makes, per aggregation mode and option:
+the table of the README ("Collectives per training step"), checked.
+
+A 2-layer PyG model on 2 ranks (the raw input's aggregation is kept after the first step, so a
+step exchanges the hidden layer's rows: one exchange point, forward and backward), a plain
+``loss.backward()`` and an optimizer step; collectives are counted on this process with
+:func:`lightning_fullgraph.testing.count_collectives`.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.testing import count_collectives, run_distributed
+
+from .models import rank_partition
+
+#: Per configuration: collectives of one steady-state step, by kind.  ``exchange``:
+#: ``all_to_all_single`` of rows, partial aggregates or cache masks; ``control``: the small
+#: all-reduces (static-input reuse agreement, which parameters have gradients); ``gradients``:
+#: the gradient all-reduce (one bucket for this model).
+EXPECTED = {
+    ("gcn", "post"): dict(exchange=2, control=3, gradients=1),
+    ("gcn", "hybrid"): dict(exchange=4, control=3, gradients=1),
+    ("gcn", "pre"): dict(exchange=2, control=3, gradients=1),
+    ("gcn", "post+int2"): dict(exchange=2, control=3, gradients=1),
+    ("gcn", "post+cache"): dict(exchange=4, control=3, gradients=1),
+    ("gcn", "post+pipeline"): dict(exchange=2, control=3, gradients=1),
+    ("gcn", "post+sampling"): dict(exchange=2, control=3, gradients=1),
+    ("sage", "post"): dict(exchange=2, control=2, gradients=1),
+    ("sage", "hybrid"): dict(exchange=4, control=2, gradients=1),
+}
+
+
+def _engine(part, config):
+    mode, _, option = config.partition("+")
+    kwargs = {"int2": dict(codec="int2"), "cache": dict(cache=0.01),
+              "pipeline": dict(pipeline="async"), "sampling": dict(sampling=0.5)}.get(option, {})
+    return FullGraphEngine(part, aggregation=mode, **kwargs)
+
+
+def _model(kind, in_channels):
+    from torch_geometric.nn.models import GCN, GraphSAGE
+    torch.manual_seed(0)
+    cls = GCN if kind == "gcn" else GraphSAGE
+    return cls(in_channels, 16, 2, 4, dropout=0.0)
+
+
+def _kind(name, caller):
+    if name == "all_to_all_single":
+        return "exchange"
+    if "_reduce_bucket" in caller:
+        return "gradients"
+    return "control"
+
+
+def _count(rank, world_size, kind, config):
+    data, part = rank_partition(rank, world_size)
+    engine = _engine(part, config)
+    model = _model(kind, data.num_features)
+    engine.attach(model)
+    engine.use_kernels(None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    local = engine.data
+
+    def step():
+        optimizer.zero_grad()
+        out = model(local.x, local.edge_index)
+        F.cross_entropy(out[local.train_mask], local.y[local.train_mask]).backward()
+        optimizer.step()
+
+    for _ in range(3):  # first steps: normalization degrees, unchanged inputs, fresh caches
+        step()
+    with count_collectives() as log:
+        step()
+    engine.drain()
+    counts = dict(exchange=0, control=0, gradients=0)
+    for name, caller in log:
+        counts[_kind(name, caller)] += 1
+    return counts, [f"{name} <- {caller}" for name, caller in log]
+
+
+def _count_all(rank, world_size):
+    return {key: _count(rank, world_size, *key) for key in EXPECTED}
+
+
+@pytest.mark.multiprocess
+def test_collectives_per_training_step_match_the_table():
+    # Every configuration in one pair of processes (a gloo group is set up once).
+    results = run_distributed(_count_all, 2)
+    for key, expected in EXPECTED.items():
+        counts, log = results[0][key]
+        assert counts == expected, (key, counts, log)
+        assert results[1][key][0] == counts  # every rank makes the same collectives
