@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine (CPU only; GPU tests skip, Triton runs interpreted).
 # Installs into the checkout's virtual environment first (scripts/install.sh: skipped when up
-# to date), with the test, triton, fabric and plot extras; arguments go to pytest.
+# to date), with the test, triton, fabric and plot extras.
+#
+# Without arguments: the suite on TEST_WORKERS pytest-xdist workers (default 2; one test file
+# per worker at a time), then the tests marked `serial` (they measure time or wait for
+# timeouts) alone. With arguments: one plain pytest run of exactly those.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 EXTRAS=${EXTRAS:-test,triton,fabric,plot} bash scripts/install.sh
 VENV=${LIGHTNING_FULLGRAPH_VENV:-.venv}
 case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
+PY="$VENV/bin/python"
 export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
-exec "$VENV/bin/python" -m pytest -q "$@"
+if [ $# -gt 0 ]; then
+  exec "$PY" -m pytest -q "$@"
+fi
+WORKERS=${TEST_WORKERS:-2}
+status=0
+"$PY" -m pytest -q -n "$WORKERS" --dist loadfile -m "not serial" || status=$?
+# pytest's 5: nothing collected (not a failure of the first part).
+"$PY" -m pytest -q -m serial || { s=$?; [ "$s" -eq 5 ] || status=$s; }
+exit "$status"

@@ -12,6 +12,9 @@ import pytest
 
 from lightning_fullgraph.cluster import EmulatedCluster, cluster_support, parse_rate
 
+# Timing: run alone, not beside other tests (scripts/test.sh).
+pytestmark = pytest.mark.serial
+
 WHY = cluster_support()
 needs_cluster = pytest.mark.skipif(
     WHY is not None and os.environ.get("LIGHTNING_FULLGRAPH_CI") != "1",

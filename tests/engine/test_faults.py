@@ -15,6 +15,9 @@ from lightning_fullgraph.testing import run_outcomes
 
 from .models import skewed_graph
 
+# Timing: run alone, not beside other tests (scripts/test.sh).
+pytestmark = pytest.mark.serial
+
 TIMEOUT = 3.0
 
 

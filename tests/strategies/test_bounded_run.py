@@ -8,6 +8,9 @@ import time
 
 import pytest
 
+# Timing: run alone, not beside other tests (scripts/test.sh).
+pytestmark = pytest.mark.serial
+
 WATCHED = """
 import signal, time
 from lightning_fullgraph.stop_watchdog import StopWatchdog

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Timing: run alone, not beside other tests (scripts/test.sh).
+pytestmark = pytest.mark.serial
+
 psutil = pytest.importorskip("psutil")
 
 ROOT = Path(__file__).resolve().parents[2]
