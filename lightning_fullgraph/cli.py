@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overlap the synchronous halo exchange with the aggregation of the "
                         "edges whose sources are local (sum layers on the kernels; exact to "
                         "rounding)")
+    t.add_argument("--step-aside", action="store_true",
+                   help="after a few epochs, time the reductions on (codec, cache, pipeline, "
+                        "boundary sampling) against the epoch with each left out, and keep "
+                        "only those that shorten it (all ranks decide alike; logged)")
     t.add_argument("--boundary-sampling", type=float, default=None, metavar="P",
                    help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
                         "each rank's halo nodes (and of the partial aggregates of pre/hybrid "
@@ -238,13 +242,20 @@ def _default_devices(accelerator: str) -> int:
     return max(1, min(4, count))
 
 
+def _step_aside_decision(strategy) -> Optional[dict]:
+    engine = getattr(strategy, "engine", None)
+    aside = getattr(engine, "step_aside", None)
+    return None if aside is None else aside.decision
+
+
 def _train_option_scope(args) -> List[Tuple[str, str]]:
     r"""``(option, what it needs)`` of every ``train`` option the chosen set-up reads."""
     fullgraph, fourd, pyg = (args.strategy == s for s in ("fullgraph", "4d", "pyg"))
     neighbor = pyg and args.loader == "neighbor"
     scope = [
         (fullgraph, "--strategy fullgraph",
-         ("aggregation", "codec", "cache", "pipeline", "overlap", "boundary_sampling",
+         ("aggregation", "codec", "cache", "pipeline", "overlap", "step_aside",
+          "boundary_sampling",
           "kernels", "huge_pages", "cache_dir")),
         (fourd, "--strategy 4d", ("dp", "grid", "bf16_comm", "steps_per_epoch")),
         (not pyg, "--strategy fullgraph or 4d", ("timeout", "startup_timeout")),
@@ -497,7 +508,7 @@ def _train(args) -> int:
                                      cache=None if args.cache == "none" else args.cache,
                                      pipeline=None if args.pipeline == "sync" else args.pipeline,
                                      boundary_sampling=args.boundary_sampling,
-                                     overlap=args.overlap,
+                                     overlap=args.overlap, step_aside=args.step_aside,
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor(save_link=args.save_link)]
         if args.adaptive_bits:
@@ -565,6 +576,8 @@ def _train(args) -> int:
         "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
         "boundary_sampling": args.boundary_sampling if args.strategy == "fullgraph" else None,
         "overlap": bool(args.overlap) if args.strategy == "fullgraph" else None,
+        # The reductions the step-aside trial kept (--step-aside), with its step times.
+        "step_aside": _step_aside_decision(strategy) if args.strategy == "fullgraph" else None,
         # Whether large CPU tensors were in huge pages while rank 0 trained (--huge-pages).
         "huge_pages": strategy.huge_pages_active if args.strategy == "fullgraph" else None,
         "loader": args.loader if args.strategy == "pyg" else None,
@@ -587,6 +600,8 @@ def _train(args) -> int:
                       for p in trace.points],
         "fit_seconds": round(fit_seconds, 3),
         "train_step_seconds": _median_step(callbacks),
+        # Rank 0's training step, exposed exchange time and bytes sent, epoch by epoch.
+        "per_epoch": _per_epoch(callbacks),
         "comm_MB_per_epoch_per_rank": comm.get("comm/sent_MB"),
         "comm_MB_per_epoch_max_rank": comm.get("comm/sent_MB_max"),
         "comm_MB_last_epoch_per_rank": last.get("comm/sent_MB"),
@@ -668,6 +683,14 @@ def _peak_rss_mib() -> Optional[float]:
 def _median_step(callbacks) -> Optional[float]:
     steps = [h["comm/step_s"] for h in callbacks[0].history] if callbacks else []
     return round(sorted(steps)[len(steps) // 2], 5) if steps else None
+
+
+def _per_epoch(callbacks) -> Optional[Dict[str, list]]:
+    if not callbacks:
+        return None
+    history = callbacks[0].history
+    return {name: [h.get(f"comm/{name}") for h in history]
+            for name in ("step_s", "exchange_s", "sent_MB")}
 
 
 def _print_summary(s: dict) -> None:

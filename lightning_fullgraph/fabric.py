@@ -68,7 +68,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
                     timeout: Optional[float] = None,
                     aggregation: str = "hybrid", cache: Any = None,
                     pipeline: Any = None, boundary_sampling: Any = None,
-                    loss_reduction: str = "mean") -> FullGraphEngine:
+                    loss_reduction: str = "mean", overlap: bool = False,
+                    step_aside: Any = False) -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
     :obj:`model` to it.  Train with ``fabric.backward(loss)``, ``loss.backward()`` or
     ``engine.backward(loss)`` (the same gradients; see the module docstring).
@@ -95,6 +96,10 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
             (:class:`~lightning_fullgraph.engine.AsyncPipeline`, ``"async"``; default none).
         boundary_sampling (float, optional): Kept fraction of halo nodes per training step
             (:class:`~lightning_fullgraph.engine.BoundarySampling`; default none).
+        overlap (bool): Overlap the synchronous exchange with the local aggregation
+            (see :class:`~lightning_fullgraph.engine.FullGraphEngine`; default off).
+        step_aside (bool or StepAside): Keep only the reductions that shorten the measured
+            step (:mod:`~lightning_fullgraph.engine.step_aside`; default off).
 
     Returns:
         The :class:`~lightning_fullgraph.engine.FullGraphEngine`; its ``data`` is the
@@ -137,7 +142,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
     engine = FullGraphEngine(partition, group=group, codec=codec, cache=cache,
                              pipeline=pipeline, sampling=boundary_sampling,
                              loss_mask=loss_mask, timeout=timeout,
-                             aggregation=aggregation, loss_reduction=loss_reduction)
+                             aggregation=aggregation, loss_reduction=loss_reduction,
+                             overlap=overlap, step_aside=step_aside)
     model.to(fabric.device)
     engine.to(fabric.device)
     engine.attach(model, trusted_layers=trusted_layers)

@@ -32,7 +32,9 @@ class RandomStateCheckpoint(Callback):
       (:class:`~lightning_fullgraph.parallel.grid_module.GridModule`);
     * the decisions of the full-graph engine's static-input cache
       (:meth:`~lightning_fullgraph.engine.static.StaticCache.state_dict`), which choose the
-      exchanges, and so the codec draws, of a layer's call.
+      exchanges, and so the codec draws, of a layer's call;
+    * the engine's step-aside decision (:class:`~lightning_fullgraph.engine.step_aside.StepAside`:
+      which reductions run), taken from timings, so a resumed run keeps it.
 
     :class:`~lightning_fullgraph.FullGraphStrategy` and
     :class:`~lightning_fullgraph.FourDStrategy` add it automatically.
@@ -88,6 +90,9 @@ class RandomStateCheckpoint(Callback):
         static = _static_cache(trainer)
         if "static_cache" in pending and static is not None:
             static.load_state_dict(pending.pop("static_cache"))
+        engine = getattr(trainer.strategy, "engine", None)
+        if "step_aside" in pending and engine is not None:
+            engine.load_step_aside_state(pending.pop("step_aside"))
 
 
 def _static_cache(trainer: "pl.Trainer") -> Optional[Any]:
@@ -104,6 +109,10 @@ def _counters(trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> Dict[st
     static = _static_cache(trainer)
     if static is not None:
         out["static_cache"] = static.state_dict()
+    engine = getattr(trainer.strategy, "engine", None)
+    aside = engine.step_aside_state() if hasattr(engine, "step_aside_state") else None
+    if aside is not None:
+        out["step_aside"] = aside
     return out
 
 

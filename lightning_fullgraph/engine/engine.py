@@ -37,6 +37,7 @@ from .gradients import (BackwardHooks, all_reduce_gradients, broadcast_parameter
                         reduce_backward)
 from .partitioned import PartitionedModel, partition_model
 from .policy import ExchangePolicy
+from .step_aside import StepAside, policy_with
 from .static import StaticCache
 from .transport import Transport
 
@@ -98,6 +99,10 @@ class FullGraphEngine:
             Exact to floating-point rounding (the sum runs in another order).  Exchanges
             with a halo cache, the asynchronous pipeline or boundary sampling stay as they
             are.  Default off.
+        step_aside (bool or StepAside): Try the policy's stages (sampling, cache, lossy
+            codec, pipeline) against the measured step time after a few steps and keep only
+            those that shorten it (:mod:`~.step_aside`; every rank decides the same).
+            Default off: the decision depends on timings.
     """
 
     def __init__(self, partition, group: Optional[Any] = None, codec: Any = None,
@@ -106,7 +111,8 @@ class FullGraphEngine:
                  timeout: Optional[Any] = None,
                  aggregation: str = "hybrid", seed: int = 0,
                  cache_static: bool = True, ranks_per_host: Optional[int] = None,
-                 overlap: bool = False, loss_reduction: str = "mean") -> None:
+                 overlap: bool = False, loss_reduction: str = "mean",
+                 step_aside: Any = False) -> None:
         if aggregation not in MODES:
             raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")
         if loss_reduction not in ("mean", "sum"):
@@ -140,6 +146,9 @@ class FullGraphEngine:
         self.static.mark_loaded(*partition.node_attrs.values())
         self.loss_mask = loss_mask
         self.loss_reduction = loss_reduction
+        self.step_aside = StepAside.of(step_aside)
+        if self.step_aside is not None and not self.step_aside.bind(self.policy.stages()):
+            self.step_aside = None  # an exact policy: nothing to step aside
         self._model: Optional[PartitionedModel] = None
         self._hooks: Optional[BackwardHooks] = None
         self._data: Optional[Data] = None
@@ -180,9 +189,34 @@ class FullGraphEngine:
         r"""Sets the step counter the codecs see, e.g. to the Trainer's ``global_step`` (the
         same on every rank), so that stochastic rounding draws anew every step and a resumed
         run draws what the uninterrupted one would."""
+        changed = int(step) != self.exchange.step
         for exchange in self._all_exchanges():
             exchange.step = int(step)
+        if changed and self.step_aside is not None:  # a training step starts
+            stages = self.step_aside.tick(self.group, self.timeout)
+            if stages is not None:
+                self.run_stages(stages)
         return int(step)
+
+    def run_stages(self, stages) -> None:
+        r"""From now on, exchanges run only :obj:`stages` of the engine's policy (names of
+        :data:`~.policy.STAGES`; the others send every row, exactly, synchronously).  Every
+        rank must call it at the same point of training."""
+        policy = policy_with(self.policy, stages)
+        for exchange in self._all_exchanges():
+            exchange.set_policy(policy)
+
+    def step_aside_state(self) -> Optional[dict]:
+        r"""The step-aside decision, for a checkpoint (``None`` when off)."""
+        return self.step_aside.state_dict() if self.step_aside is not None else None
+
+    def load_step_aside_state(self, state: Optional[dict]) -> None:
+        r"""Restores a checkpointed step-aside decision and runs its stages at once."""
+        if self.step_aside is None or not state:
+            return
+        stages = self.step_aside.load_state_dict(state)
+        if stages is not None:
+            self.run_stages(stages)
 
     def _all_exchanges(self):
         yield from self.exchanges.values()

@@ -498,6 +498,16 @@ class HaloExchange:
                                 skipped=mine.numel() - int(mine.sum()))
         return out.reshape((out.size(0), ) + tuple(rows.shape[1:]))
 
+    def set_policy(self, policy: Any) -> None:
+        r"""Exchanges from now on follow :obj:`policy`.  Transfers in flight complete first;
+        a change of pipeline drops its rows (its next exchange is synchronous); cached rows
+        stay (sender and receivers hold the same copy).  Every rank at the same point."""
+        policy = ExchangePolicy.of(policy)
+        self.drain()
+        if policy.pipeline is not self.policy.pipeline:
+            self._pipes.clear()
+        self.policy = policy
+
     def drain(self) -> None:
         r"""Completes every asynchronous transfer still in flight (before evaluation that
         must not overlap it, a checkpoint, or tearing the process group down)."""

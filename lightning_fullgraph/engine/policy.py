@@ -12,16 +12,18 @@ Example::
     policy = ExchangePolicy(points={"conv1.*": ExchangePolicy(backward=MyCodec())})
 """
 from fnmatch import fnmatchcase
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Tuple, Union
 
 from .cache import HaloCache
 from .pipeline import AsyncPipeline
 from .sampling import BoundarySampling
 from .codecs import Codec, IdentityCodec
 
-__all__ = ["ExchangePolicy", "DIRECTIONS"]
+__all__ = ["ExchangePolicy", "DIRECTIONS", "STAGES"]
 
 DIRECTIONS = ("forward", "backward")
+#: The stages a policy may add to an exchange, in the order they apply to the rows.
+STAGES = ("sampling", "cache", "codec", "pipeline")
 
 
 class ExchangePolicy:
@@ -94,6 +96,38 @@ class ExchangePolicy:
     def with_sampling(self, sampling: Union[None, float, BoundarySampling]) -> "ExchangePolicy":
         r"""A copy of this policy with boundary node :obj:`sampling`."""
         return self._replace(sampling=BoundarySampling.of(sampling))
+
+    def stages(self) -> Tuple[str, ...]:
+        r"""The stages of this policy that change what crosses the wire, in the order they
+        apply (:data:`STAGES`): ``"sampling"`` (rate below 1), ``"cache"``, ``"codec"`` (a
+        lossy codec) and ``"pipeline"``."""
+        present = {
+            "sampling": self.sampling is not None and self.sampling.rate < 1.0,
+            "cache": any(True for _ in self.caches()),
+            "codec": any(not c.lossless for c in self.codecs()),
+            "pipeline": self.pipeline is not None,
+        }
+        return tuple(stage for stage in STAGES if present[stage])
+
+    def without(self, *stages: str) -> "ExchangePolicy":
+        r"""A copy of this policy without :obj:`stages` (names of :data:`STAGES`): their
+        exchanges then send every row, exactly, synchronously.  The stages kept are the same
+        objects (a callback that tunes them tunes the copy too)."""
+        unknown = set(stages) - set(STAGES)
+        if unknown:
+            raise ValueError(f"unknown stage(s) {sorted(unknown)}; stages are {STAGES}")
+        attrs: dict = {"points": {pattern: rule.without(*stages)
+                                  for pattern, rule in self.points.items()}}
+        if "codec" in stages:
+            attrs["_codecs"] = {d: (c if c is None or c.lossless else None)
+                                for d, c in self._codecs.items()}
+        if "cache" in stages:
+            attrs["_cache"] = None
+        if "pipeline" in stages:
+            attrs["pipeline"] = None
+        if "sampling" in stages:
+            attrs["sampling"] = None
+        return self._replace(**attrs)
 
     @classmethod
     def of(cls, value: Union[None, str, "ExchangePolicy", Codec]) -> "ExchangePolicy":

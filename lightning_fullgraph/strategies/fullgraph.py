@@ -49,6 +49,7 @@ from .. import compat
 from ..engine import (AsyncPipeline, BoundarySampling, Codec, ExchangePolicy, FullGraphEngine,
                       HaloCache)
 from ..engine.aggregation import MODES as AGGREGATION_MODES
+from ..engine.step_aside import StepAside
 from .faults import BoundedRunMixin, as_timedelta, refuse_unknown_arguments
 
 compat.require("lightning")
@@ -134,6 +135,12 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         overlap (bool): Overlap the synchronous halo exchange with the aggregation of the
             edges whose sources are local (sum aggregations on the kernels; see
             :class:`~lightning_fullgraph.engine.FullGraphEngine`).  Default off.
+        step_aside (bool or StepAside): After a few training steps, time the configured
+            reductions (boundary sampling, cache, lossy codec, pipeline) against the step
+            with each left out, and keep only those that shorten it
+            (:class:`~lightning_fullgraph.engine.step_aside.StepAside`; every rank decides
+            the same, the decision is logged and checkpointed).  Default off: the decision
+            depends on measured times, so two runs may differ.
         aggregation (str): How cut edges of sum/mean layers with scalar edge messages
             (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
@@ -171,6 +178,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
                  pipeline: Union[None, str, AsyncPipeline] = None,
                  boundary_sampling: Union[None, float, BoundarySampling] = None,
                  overlap: bool = False,
+                 step_aside: Union[bool, StepAside] = False,
                  aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
@@ -204,6 +212,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         ExchangePolicy(cache=self.cache, pipeline=self.pipeline, sampling=self.boundary_sampling)
         self.aggregation = aggregation
         self.overlap = bool(overlap)
+        self.step_aside = StepAside.of(step_aside)
         self.num_threads = num_threads
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
@@ -358,7 +367,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
                                       timeout=self.collective_timeout,
                                       aggregation=self.aggregation,
                                       ranks_per_host=self.num_processes,
-                                      overlap=self.overlap)
+                                      overlap=self.overlap, step_aside=self.step_aside)
         if not self.engine.policy.lossless:
             rank_zero_warn(f"FullGraphStrategy: halo rows cross the wire with a lossy codec "
                            f"or cache ({self.engine.policy.describe()}); training is not exact "
@@ -503,7 +512,7 @@ def _data_error(problem: str, fix: str) -> str:
 
 _OWN_ARGUMENTS = ("loss_mask", "loss_reduction", "trusted_layers", "sync_batchnorm", "kernels",
                   "huge_pages", "codec", "cache", "pipeline", "boundary_sampling", "overlap",
-                  "aggregation", "timeout", "startup_timeout", "num_threads",
+                  "step_aside", "aggregation", "timeout", "startup_timeout", "num_threads",
                   "log_communication")
 
 FullGraphStrategy.register_strategies(StrategyRegistry)

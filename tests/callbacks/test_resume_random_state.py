@@ -42,3 +42,30 @@ def test_counters_are_saved_and_restored():
     with pytest.raises(ValueError, match="'model'"):  # another model: refused by name
         RandomStateCheckpoint().on_load_checkpoint(_trainer(None), torch.nn.Module(),
                                                    checkpoint)
+
+
+class _Engine(SimpleNamespace):
+    r"""The engine's step-aside interface: what it saves, what it was given back."""
+
+    def step_aside_state(self):
+        return self.saved
+
+    def load_step_aside_state(self, state):
+        self.loaded = state
+
+
+def test_step_aside_decision_is_saved_and_restored():
+    decision = {"decision": {"stages": ["codec"], "arms": [["codec"], []],
+                             "seconds": [0.5, 1.0]}}
+    saving = _Engine(static=StaticCache(), saved=decision, loaded=None)
+    checkpoint = {}
+    trainer = SimpleNamespace(strategy=SimpleNamespace(engine=saving), world_size=1,
+                              global_rank=0)
+    RandomStateCheckpoint().on_save_checkpoint(trainer, _holder(), checkpoint)
+
+    callback, module = RandomStateCheckpoint(), _holder()
+    callback.on_load_checkpoint(_trainer(None), module, checkpoint)  # no engine yet
+    loading = _Engine(static=StaticCache(), saved=None, loaded=None)
+    callback.on_fit_start(SimpleNamespace(strategy=SimpleNamespace(engine=loading),
+                                          world_size=1, global_rank=0), module)
+    assert loading.loaded == decision

@@ -1,0 +1,241 @@
+#!/usr/bin/env python
+"""Training steps on an emulated cluster: what a user on N machines with a given link sees.
+
+Every configuration is one multi-node job: ``lightning-fullgraph train`` under one ``torchrun``
+per node of a :class:`~lightning_fullgraph.cluster.EmulatedCluster` (network namespaces on a
+bridge, each node's link shaped to ``--rate`` with tc tbf; needs root), as a user launches it
+on N machines.  Per configuration it records, from rank 0's ``--json`` summary: the median
+training step, the exchange seconds per epoch (time blocked in halo exchanges: with overlap or
+the asynchronous pipeline only what was not hidden), bytes per epoch per rank, the accuracy
+curve (validation accuracy against training seconds) and the final test accuracy, and from
+them the step ratio against exact post-aggregation of the same model and link, and the time
+to 95 % of the exact run's best validation accuracy.
+
+Usage::
+
+    python benchmarks/cluster.py                                   # the issue's matrix
+    python benchmarks/cluster.py --quick                           # Cora, 2 nodes, 2 configs
+    python benchmarks/cluster.py --models sage --configs post int2 --rates 1gbit 10gbit
+    python benchmarks/cluster.py --replot results.json --plot out.png
+
+Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (exact),
+``int2`` (post rows as int2), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
+``pipeline`` (one-epoch-stale rows), ``sampling`` (boundary sampling p = 0.1), and
+``+overlap`` after any name (``hybrid+overlap``).  The machine's cores are shared by all
+nodes: compute is slower than on N real machines, so read ratios, not seconds.
+
+Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the current
+directory) and, with ``--plot``, a figure of step time per configuration and model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from lightning_fullgraph.cluster import EmulatedCluster
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: ``train`` options of every configuration.
+CONFIGS: Dict[str, List[str]] = {
+    "post": ["--aggregation", "post"],
+    "hybrid": ["--aggregation", "hybrid"],
+    "int2": ["--aggregation", "post", "--codec", "int2"],
+    "cache-int2c": ["--aggregation", "post", "--codec", "int2-compact", "--cache", "adaptive"],
+    "pipeline": ["--aggregation", "post", "--pipeline", "async"],
+    "sampling": ["--aggregation", "post", "--boundary-sampling", "0.1"],
+}
+MATRIX = dict(models=["gcn", "sage"], configs=list(CONFIGS), rates=["1gbit"], nodes=[4],
+              dataset="synthetic:nodes=200000,degree=10", hidden=256, epochs=8, seeds=[0])
+QUICK = dict(models=["gcn"], configs=["post", "hybrid"], rates=["1gbit"], nodes=[2],
+             dataset="cora", hidden=16, epochs=5, seeds=[0])
+
+
+#: Options a configuration name may add after ``+`` (``"int2+aside"``, ``"hybrid+overlap"``).
+SUFFIXES = {"overlap": ["--overlap"], "aside": ["--step-aside"]}
+
+
+def config_args(name: str) -> List[str]:
+    r"""``train`` options of a configuration name (``"hybrid+overlap"`` adds ``--overlap``,
+    ``"int2+aside"`` ``--step-aside``)."""
+    base, *extras = name.split("+")
+    if base not in CONFIGS or any(extra not in SUFFIXES for extra in extras):
+        raise ValueError(f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}, "
+                         f"optionally with {', '.join('+' + s for s in SUFFIXES)}")
+    return CONFIGS[base] + [arg for extra in extras for arg in SUFFIXES[extra]]
+
+
+def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Namespace,
+            seed: int, port: int) -> Dict[str, Any]:
+    r"""One multi-node training job; rank 0's JSON summary plus the wall time."""
+    args = ["-m", "lightning_fullgraph.cli", "train", "--dataset", opts.dataset, "--model",
+            model, "--hidden", str(opts.hidden), "--dropout", "0", "--epochs",
+            str(opts.epochs), "--val-every", "1", "--seed", str(seed), "--num-nodes",
+            str(cluster.nodes), "--devices", "1", "--json", "--timeout", "600",
+            "--cache-dir", str(opts.cache_dir), *config_args(config)]
+    env = dict(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1)
+                                                            // cluster.nodes)))
+    start = time.perf_counter()
+    procs = cluster.torchrun(args, env=env, port=port, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    outs = [p.communicate(timeout=opts.job_timeout) for p in procs]
+    wall = time.perf_counter() - start
+    codes = [p.returncode for p in procs]
+    if any(codes):
+        raise RuntimeError(f"{model}/{config}: exit codes {codes}:\n" + outs[0][1][-3000:])
+    text = outs[0][0]
+    summary = json.loads(text[text.index("{"):])
+    summary["wall_s"] = round(wall, 2)
+    return summary
+
+
+def time_to(trace: List[List[float]], target: float) -> Optional[float]:
+    r"""Training seconds at the first validation reaching :obj:`target` (``None``: never)."""
+    for _, seconds, acc in trace:
+        if acc >= target:
+            return float(seconds)
+    return None
+
+
+def derive(rows: List[Dict[str, Any]]) -> None:
+    r"""Adds ratios against exact post of the same model, rate and node count, in place."""
+    for row in rows:
+        ref = [r for r in rows if r["config"] == "post" and r["model"] == row["model"]
+               and r["rate"] == row["rate"] and r["nodes"] == row["nodes"]]
+        if not ref:
+            continue
+        base = ref[0]
+        row["step_vs_post"] = row["step_s"] / base["step_s"] if base["step_s"] else None
+        best = max(acc for _, _, acc in base["val_trace"]) if base["val_trace"] else None
+        if best is not None:
+            target = 0.95 * best
+            mine, theirs = time_to(row["val_trace"], target), time_to(base["val_trace"], target)
+            row["time_to_95pct_s"] = mine
+            row["time_to_95pct_speedup"] = theirs / mine if mine and theirs else None
+
+
+def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes: int,
+              seed: int) -> Dict[str, Any]:
+    per_epoch = summary.get("per_epoch") or {}
+    steps = [s for s in per_epoch.get("step_s") or [] if s is not None]
+    exchanges = [s for s in per_epoch.get("exchange_s") or [] if s is not None]
+    return dict(model=model, config=config, rate=rate, nodes=nodes, seed=seed,
+                # The median over the second half of the epochs: after warm-up, caches and
+                # a step-aside trial (the same rule for every configuration).
+                step_s=_second_half_median(steps) or summary["train_step_seconds"],
+                exchange_s=_second_half_median(exchanges) or summary["exchange_s_per_epoch"],
+                step_s_all=summary["train_step_seconds"], per_epoch=per_epoch,
+                step_aside=summary.get("step_aside"),
+                compute_s=summary["compute_s_per_epoch"],
+                sent_MB=summary["comm_MB_per_epoch_per_rank"],
+                test_acc=summary["test_acc"], val_trace=summary["val_trace"],
+                fit_s=summary["fit_seconds"], wall_s=summary["wall_s"])
+
+
+def _second_half_median(values: List[float]) -> Optional[float]:
+    tail = values[len(values) // 2:]
+    return statistics.median(tail) if tail else None
+
+
+def table(rows: List[Dict[str, Any]]) -> str:
+    head = (f"{'model':<6} {'config':<18} {'rate':>7} {'N':>2} {'step s':>8} {'vs post':>8} "
+            f"{'exch s':>8} {'MB/ep':>9} {'test %':>7} {'t95 s':>7} {'t95 x':>6}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        def f(v, spec):
+            return format(v, spec) if isinstance(v, (int, float)) else "-"
+        lines.append(f"{r['model']:<6} {r['config']:<18} {r['rate']:>7} {r['nodes']:>2} "
+                     f"{f(r['step_s'], '8.3f')} {f(r.get('step_vs_post'), '8.2f')} "
+                     f"{f(r['exchange_s'], '8.3f')} {f(r['sent_MB'], '9.2f')} "
+                     f"{f(100 * r['test_acc'], '7.2f')} {f(r.get('time_to_95pct_s'), '7.1f')} "
+                     f"{f(r.get('time_to_95pct_speedup'), '6.2f')}")
+    return "\n".join(lines)
+
+
+def plot(rows: List[Dict[str, Any]], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in rows if r["model"] == model]
+        labels = [f"{r['config']}\n{r['rate']}, N={r['nodes']}" for r in mine]
+        exchange = [r["exchange_s"] or 0.0 for r in mine]
+        rest = [max(0.0, r["step_s"] - e) for r, e in zip(mine, exchange)]
+        ax.bar(labels, rest, label="compute (step - exposed exchange)")
+        ax.bar(labels, exchange, bottom=rest, label="exposed exchange")
+        ax.set_title(f"{model}: median training step")
+        ax.set_ylabel("seconds")
+        ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="Cora, 2 nodes, post and hybrid")
+    p.add_argument("--models", nargs="+", default=None)
+    p.add_argument("--configs", nargs="+", default=None)
+    p.add_argument("--rates", nargs="+", default=None, help="link rates, e.g. 1gbit 10gbit")
+    p.add_argument("--nodes", nargs="+", type=int, default=None)
+    p.add_argument("--dataset", default=None)
+    p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--seeds", nargs="+", type=int, default=None)
+    p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "lightning_fullgraph"
+                                              / "partitions"))
+    p.add_argument("--job-timeout", type=float, default=3600.0)
+    p.add_argument("--json-out", default=None)
+    p.add_argument("--plot", default=None)
+    p.add_argument("--replot", default=None, metavar="RESULTS.json",
+                   help="only print the table and plot of saved results")
+    opts = p.parse_args(argv)
+    if opts.replot:
+        rows = json.loads(Path(opts.replot).read_text())["rows"]
+        print(table(rows))
+        if opts.plot:
+            plot(rows, opts.plot)
+        return 0
+    defaults = QUICK if opts.quick else MATRIX
+    for key, value in defaults.items():
+        if getattr(opts, key) is None:
+            setattr(opts, key, value)
+    for name in opts.configs:
+        config_args(name)  # refuse unknown names before anything starts
+    rows: List[Dict[str, Any]] = []
+    port = 29700
+    for nodes in opts.nodes:
+        for rate in opts.rates:
+            with EmulatedCluster(nodes, None if rate == "none" else rate) as cluster:
+                for model in opts.models:
+                    for config in opts.configs:
+                        for seed in opts.seeds:
+                            port += 1
+                            print(f"[cluster] {model} {config} rate={rate} nodes={nodes} "
+                                  f"seed={seed} ...", file=sys.stderr, flush=True)
+                            summary = run_job(cluster, model, config, opts, seed, port)
+                            rows.append(summarize(summary, model, config, rate, nodes, seed))
+    derive(rows)
+    print(table(rows))
+    out = Path(opts.json_out or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    meta = dict(dataset=opts.dataset, hidden=opts.hidden, epochs=opts.epochs,
+                cores=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"),
+                command=" ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])))
+    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+    print(f"results: {out}", file=sys.stderr)
+    if opts.plot:
+        plot(rows, opts.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+r"""Stages that step aside when they do not shorten the training step.
+
+A reduction (boundary sampling, the halo cache, a lossy codec, the asynchronous pipeline)
+sends fewer bytes, but it also costs work: selecting rows, encoding, decoding, extra
+collectives.  Where the link is fast or the rows few, that work costs more than the link
+time it saves, and the step gets *slower* than the exact exchange (measured on the emulated
+cluster: README, "Time on a cluster").  :class:`StepAside` measures instead of predicting:
+
+1. after :obj:`warmup` training steps (one-off costs: normalization degrees, kept
+   aggregations, a cache's first full send), it runs each *arm* (the policy with some of its
+   stages removed, down to the exact exchange) for :obj:`steps` consecutive steps and times
+   them, the first step of each arm untimed (a switch's transition: a pipeline's first
+   synchronous exchange, a cache catching up);
+2. every rank all-reduces its per-arm median step times (maximum over ranks: the step ends
+   when its slowest rank does), so every rank takes the same decision from the same figures
+   (a rank that decided differently would wait in a collective no peer joins);
+3. it keeps the arm with the shortest time, a stage counting only when it saves at least
+   :obj:`margin` of the step (a lossy stage that does not pay is not worth its error).
+
+Arms with a stage removed are exact in that stage, so a trial never trains less exactly
+than the configured policy.  The decision is a function of timings: two runs of the same
+script may decide differently (it is logged, and checkpointed with the random states, so a
+resumed run keeps it).  Off by default for this reason; ``FullGraphEngine(step_aside=True)``
+or ``FullGraphStrategy(step_aside=True)`` turns it on.
+"""
+import itertools
+import logging
+import statistics
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from .errors import guarded
+from .policy import ExchangePolicy
+
+__all__ = ["StepAside"]
+
+log = logging.getLogger(__name__)
+_clock = time.perf_counter  # the step clock (tests replace it)
+
+
+class StepAside:
+    r"""Trial of an exchange policy's stages against the step time; keeps those that pay.
+
+    Args:
+        warmup (int): Training steps before the trial. (default: :obj:`2`)
+        steps (int): Consecutive steps each arm runs; the first is not timed.
+            (default: :obj:`3`)
+        margin (float): Share of the step a stage must save to be kept. (default: :obj:`0.03`)
+    """
+
+    def __init__(self, warmup: int = 2, steps: int = 3, margin: float = 0.03) -> None:
+        if int(warmup) < 0 or int(steps) < 2 or not 0.0 <= float(margin) < 1.0:
+            raise ValueError(f"StepAside: need warmup >= 0, steps >= 2 and 0 <= margin < 1, "
+                             f"got warmup={warmup}, steps={steps}, margin={margin}")
+        self.warmup, self.steps, self.margin = int(warmup), int(steps), float(margin)
+        self.arms: List[Tuple[str, ...]] = []
+        self.decision: Optional[Dict[str, Any]] = None  # chosen stages and the times
+        self._ticks = 0
+        self._last: Optional[float] = None
+        self._times: Dict[int, List[float]] = {}
+
+    @classmethod
+    def of(cls, value: Union[None, bool, "StepAside"]) -> Optional["StepAside"]:
+        r"""From ``None``/``False`` (off), ``True`` (the defaults) or a :class:`StepAside`."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, StepAside):
+            return value
+        raise TypeError(f"step_aside takes a bool or a StepAside, got {type(value).__name__}")
+
+    # -- the arms ------------------------------------------------------------------------
+    def bind(self, stages: Sequence[str]) -> bool:
+        r"""Sets the arms for a policy with :obj:`stages`; ``False`` if there is nothing to
+        try (no stage)."""
+        stages = tuple(stages)
+        if not stages:
+            self.arms = []
+            return False
+        if len(stages) <= 2:  # every subset, the full policy first
+            arms = [kept for n in range(len(stages), -1, -1)
+                    for kept in itertools.combinations(stages, n)]
+        else:  # the full policy, each stage alone left out, the exact exchange
+            arms = [stages] + [tuple(s for s in stages if s != gone) for gone in stages] + [()]
+        self.arms = arms
+        return True
+
+    @property
+    def trial_steps(self) -> int:
+        r"""Training steps that run before the decision (the first step, the warm-up and
+        the arms)."""
+        return 1 + self.warmup + len(self.arms) * self.steps
+
+    @property
+    def done(self) -> bool:
+        return self.decision is not None
+
+    # -- driven by the engine, once per training step ----------------------------------------
+    def tick(self, group: Optional[Any] = None,
+             timeout: Optional[Any] = None) -> Optional[Tuple[str, ...]]:
+        r"""Marks the start of a training step (every rank at the same point).  Returns the
+        stages to run from this step on when they change, else ``None``."""
+        if self.done or not self.arms:
+            return None
+        now = _clock()
+        index = self._ticks - self.warmup - 1  # the step that just ended, within the trial
+        if index >= 0 and self._last is not None and index % self.steps != 0:
+            self._times.setdefault(index // self.steps, []).append(now - self._last)
+        self._last = now
+        self._ticks += 1
+        start = self._ticks - self.warmup - 1  # the step that starts now, within the trial
+        if start < 0:
+            return None
+        if start < len(self.arms) * self.steps:
+            return self.arms[start // self.steps] if start % self.steps == 0 else None
+        return self._decide(group, timeout)
+
+    def _decide(self, group: Optional[Any], timeout: Optional[Any]) -> Tuple[str, ...]:
+        medians = torch.tensor([statistics.median(self._times.get(i, [0.0]))
+                                for i in range(len(self.arms))], dtype=torch.float64)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            with guarded("step-aside decision", rank, [r for r in range(world) if r != rank],
+                         timeout):
+                dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)
+        seconds = medians.tolist()
+        scores = [t * (1.0 + self.margin * len(arm)) for t, arm in zip(seconds, self.arms)]
+        best = min(range(len(self.arms)), key=lambda i: (scores[i], -len(self.arms[i])))
+        chosen = self.arms[best]
+        self.decision = {"stages": list(chosen),
+                         "arms": [list(a) for a in self.arms], "seconds": seconds}
+        left = [s for s in self.arms[0] if s not in chosen]
+        log.info("step aside: %s (median step %s)",
+                 f"kept {', '.join(chosen) or 'nothing (exact exchange)'}"
+                 + (f", left out {', '.join(left)}" if left else ""),
+                 ", ".join(f"{'+'.join(a) or 'exact'} {t * 1e3:.1f} ms"
+                           for a, t in zip(self.arms, seconds)))
+        return chosen
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        r"""The decision (an unfinished trial starts again after a resume)."""
+        return {"decision": self.decision}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> Optional[Tuple[str, ...]]:
+        r"""Restores the decision; returns its stages (``None`` when there was none)."""
+        self.decision = state.get("decision")
+        self._ticks, self._last, self._times = 0, None, {}
+        return tuple(self.decision["stages"]) if self.decision is not None else None
+
+    def __repr__(self) -> str:
+        return f"StepAside(warmup={self.warmup}, steps={self.steps}, margin={self.margin})"
+
+
+def policy_with(policy: ExchangePolicy, stages: Sequence[str]) -> ExchangePolicy:
+    r""":obj:`policy` keeping only :obj:`stages` of its own."""
+    return policy.without(*[s for s in policy.stages() if s not in stages])
