@@ -336,6 +336,10 @@ def _add_plan_parser(sub) -> None:
                    help="latency/bandwidth from a file written by --save-link (of 'plan', or "
                         "of 'train': fitted to a run's exchanges) instead of measuring them; "
                         "'none': predict no times")
+    q.add_argument("--link-rate", default=None, metavar="RATE",
+                   help="each machine's network link, as tc writes rates ('1gbit', '100mbit', "
+                        "'125mbps' for bytes): caps the bandwidth of the measured (or --link) "
+                        "model at it, the latency stays measured")
     q.add_argument("--calibration-processes", type=int, default=2,
                    help="local gloo processes the latency/bandwidth are measured on "
                         "(default: 2)")
@@ -367,6 +371,13 @@ def _plan(args) -> int:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, "
                              f"got {getattr(args, name)}")
+    rate = None
+    if args.link_rate:  # checked before anything is measured
+        from .cluster import parse_rate
+        if args.link and args.link.lower() == "none":
+            raise ValueError("--link-rate caps a link model's bandwidth; --link none predicts "
+                             "no times: drop one of them")
+        rate = parse_rate(args.link_rate)
     bad = [p for p in args.parts if p % args.hosts]
     if bad:
         raise ValueError(f"--hosts {args.hosts} must divide every --parts value; "
@@ -391,6 +402,9 @@ def _plan(args) -> int:
             "gloo processes ...")
         link = calibrate_local(args.calibration_processes)
         say(f"link: {link.describe()}")
+    if link is not None and rate is not None:
+        link = link.limited_to(rate)
+        say(f"link capped at {args.link_rate}: {link.describe()}")
     if link is not None and args.save_link:
         link.save(args.save_link)
     result = plan_sweep(data, args.parts, dataset=args.dataset, model=args.model,

@@ -76,6 +76,23 @@ class LinkModel:
             return 0.0
         return self.alpha * (world_size - 1) + float(bytes_per_rank) / self.beta
 
+    def limited_to(self, bits_per_second: float) -> "LinkModel":
+        r"""This link with each rank's bandwidth capped at :obj:`bits_per_second` (a
+        machine's network link, e.g. ``1e9``; its latency stays the measured one).
+
+        Args:
+            bits_per_second (float): The link's rate.
+
+        Returns:
+            LinkModel: A copy whose :attr:`beta` is at most ``bits_per_second / 8``.
+        """
+        rate = float(bits_per_second)
+        if not rate > 0 or math.isinf(rate):
+            raise ValueError(f"link rate must be positive and finite, got {bits_per_second}")
+        state = self.to_dict()
+        state["beta"] = min(self.beta, rate / 8.0)
+        return LinkModel.from_dict(state)
+
     def codec_seconds(self, bytes_encoded: float, bytes_decoded: float) -> float:
         r"""Predicted seconds a rank spends encoding and decoding.
 

@@ -95,3 +95,29 @@ def test_other_errors_are_clear(capsys, tmp_path):
     assert "not a JSON link model" in capsys.readouterr().err
     assert main(["plan", "--parts", "5000", "--link", "none"]) == 2
     assert "exceeds the 2708 nodes" in capsys.readouterr().err
+
+
+def test_link_rate_caps_the_bandwidth(capsys, link_file, cache_dir):
+    # The file's 2 GB/s per rank capped at a 1 Gbit/s link: 125 MB/s, the latency kept.
+    args = ["plan", "--dataset", "cora", "--parts", "2", "--aggregation", "post", "--json",
+            "--link", link_file, "--cache-dir", cache_dir]
+    assert main(args) == 0
+    fast = json.loads(capsys.readouterr()[0])
+    assert main(args + ["--link-rate", "1gbit"]) == 0
+    out, err = capsys.readouterr()
+    slow = json.loads(out)
+    assert "link capped at 1gbit" in err
+    assert slow["link"]["beta"] == 1.25e8 and slow["link"]["alpha"] == 5e-5
+    post_fast = fast["results"][0]["modes"]["post"]
+    post_slow = slow["results"][0]["modes"]["post"]
+    assert post_slow["bytes_per_epoch_max"] == post_fast["bytes_per_epoch_max"]
+    assert post_slow["exchange_seconds"] > post_fast["exchange_seconds"]
+
+
+def test_link_rate_is_checked_first(capsys, cache_dir):
+    # Refused before calibrating or partitioning anything (exit 2, the reason on stderr).
+    assert main(["plan", "--parts", "2", "--link-rate", "fast", "--cache-dir", cache_dir]) == 2
+    assert "not a positive rate like '1gbit'" in capsys.readouterr()[1]
+    assert main(["plan", "--parts", "2", "--link", "none", "--link-rate", "1gbit",
+                 "--cache-dir", cache_dir]) == 2
+    assert "drop one of them" in capsys.readouterr()[1]
