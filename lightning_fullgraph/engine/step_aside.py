@@ -4,7 +4,7 @@ A reduction (boundary sampling, the halo cache, a lossy codec, the asynchronous 
 sends fewer bytes, but it also costs work: selecting rows, encoding, decoding, extra
 collectives.  Where the link is fast or the rows few, that work costs more than the link
 time it saves, and the step gets *slower* than the exact exchange (measured on the emulated
-cluster: README, "Time on a cluster").  :class:`StepAside` measures instead of predicting:
+cluster: README, "Time on an emulated cluster").  :class:`StepAside` measures instead of predicting:
 
 1. after :obj:`warmup` training steps (one-off costs: normalization degrees, kept
    aggregations, a cache's first full send), it runs each *arm* (the policy with some of its
