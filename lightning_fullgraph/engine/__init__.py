@@ -26,6 +26,7 @@ from .norm import distributed_gcn_norm  # noqa: E402
 from .partitioned import PartitionedModel, SparseAdjacencyError, partition_model  # noqa: E402
 from .policy import ExchangePolicy  # noqa: E402
 from .static import StaticCache  # noqa: E402
+from .step_aside import StepAside  # noqa: E402
 from .stats import CommStats, ExchangeCounter  # noqa: E402
 from .graphnorm import (MultipleGraphsError, convert_cross_node_norms,  # noqa: E402
                         revert_cross_node_norms)
@@ -46,5 +47,5 @@ __all__ = [
     "CollectiveError", "SparseAdjacencyError", "EXACT_LAYERS", "REFUSED_LAYERS",
     "TRAINING_REFUSED_LAYERS", "UnsupportedLayerError", "check_model",
     "convert_cross_node_norms", "revert_cross_node_norms", "MultipleGraphsError",
-    "distributed_laplacian",
+    "distributed_laplacian", "StepAside",
 ]
