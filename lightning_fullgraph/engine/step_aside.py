@@ -18,7 +18,8 @@ cluster: README, "Time on an emulated cluster").  :class:`StepAside` measures in
    :obj:`margin` of the step (a lossy stage that does not pay is not worth its error).
 
 Arms with a stage removed are exact in that stage, so a trial never trains less exactly
-than the configured policy.  The decision is a function of timings: two runs of the same
+than the configured policy (an aggregation of an unchanged input that the static-input cache
+kept, computed once under the codec, stays as it was computed).  The decision is a function of timings: two runs of the same
 script may decide differently (it is logged, and checkpointed with the random states, so a
 resumed run keeps it).  Off by default for this reason; ``FullGraphEngine(step_aside=True)``
 or ``FullGraphStrategy(step_aside=True)`` turns it on.
