@@ -50,16 +50,25 @@ class StepAside:
         steps (int): Consecutive steps each arm runs; the first is not timed.
             (default: :obj:`3`)
         margin (float): Share of the step a stage must save to be kept. (default: :obj:`0.03`)
+        every (int): Steps after a decision when the trial runs again (without warm-up), for
+            stages whose gain changes as training goes on (a cache skips more rows as the
+            model settles); ``0``: decide once. (default: :obj:`0`)
     """
 
-    def __init__(self, warmup: int = 2, steps: int = 3, margin: float = 0.03) -> None:
-        if int(warmup) < 0 or int(steps) < 2 or not 0.0 <= float(margin) < 1.0:
-            raise ValueError(f"StepAside: need warmup >= 0, steps >= 2 and 0 <= margin < 1, "
-                             f"got warmup={warmup}, steps={steps}, margin={margin}")
+    def __init__(self, warmup: int = 2, steps: int = 3, margin: float = 0.03,
+                 every: int = 0) -> None:
+        if int(warmup) < 0 or int(steps) < 2 or not 0.0 <= float(margin) < 1.0 \
+                or int(every) < 0:
+            raise ValueError(f"StepAside: need warmup >= 0, steps >= 2, 0 <= margin < 1 and "
+                             f"every >= 0, got warmup={warmup}, steps={steps}, "
+                             f"margin={margin}, every={every}")
         self.warmup, self.steps, self.margin = int(warmup), int(steps), float(margin)
+        self.every = int(every)
         self.arms: List[Tuple[str, ...]] = []
         self.decision: Optional[Dict[str, Any]] = None  # chosen stages and the times
         self._ticks = 0
+        self._origin: Optional[int] = self.warmup  # tick of the trial's first arm (None: decided)
+        self._decided_at = 0
         self._last: Optional[float] = None
         self._times: Dict[int, List[float]] = {}
 
@@ -105,15 +114,20 @@ class StepAside:
              timeout: Optional[Any] = None) -> Optional[Tuple[str, ...]]:
         r"""Marks the start of a training step (every rank at the same point).  Returns the
         stages to run from this step on when they change, else ``None``."""
-        if self.done or not self.arms:
+        if not self.arms:
             return None
+        if self._origin is None:  # decided: run again after `every` steps, or never
+            if not self.every or self._ticks - self._decided_at < self.every:
+                self._ticks += 1
+                return None
+            self._origin, self._times, self._last = self._ticks, {}, None
         now = _clock()
-        index = self._ticks - self.warmup - 1  # the step that just ended, within the trial
+        index = self._ticks - self._origin - 1  # the step that just ended, within the trial
         if index >= 0 and self._last is not None and index % self.steps != 0:
             self._times.setdefault(index // self.steps, []).append(now - self._last)
         self._last = now
+        start = self._ticks - self._origin  # the step that starts now, within the trial
         self._ticks += 1
-        start = self._ticks - self.warmup - 1  # the step that starts now, within the trial
         if start < 0:
             return None
         if start < len(self.arms) * self.steps:
@@ -132,6 +146,7 @@ class StepAside:
         scores = [t * (1.0 + self.margin * len(arm)) for t, arm in zip(seconds, self.arms)]
         best = min(range(len(self.arms)), key=lambda i: (scores[i], -len(self.arms[i])))
         chosen = self.arms[best]
+        self._origin, self._decided_at = None, self._ticks
         self.decision = {"stages": list(chosen),
                          "arms": [list(a) for a in self.arms], "seconds": seconds}
         left = [s for s in self.arms[0] if s not in chosen]
@@ -150,11 +165,13 @@ class StepAside:
     def load_state_dict(self, state: Dict[str, Any]) -> Optional[Tuple[str, ...]]:
         r"""Restores the decision; returns its stages (``None`` when there was none)."""
         self.decision = state.get("decision")
-        self._ticks, self._last, self._times = 0, None, {}
+        self._ticks, self._last, self._times, self._decided_at = 0, None, {}, 0
+        self._origin = None if self.decision is not None else self.warmup
         return tuple(self.decision["stages"]) if self.decision is not None else None
 
     def __repr__(self) -> str:
-        return f"StepAside(warmup={self.warmup}, steps={self.steps}, margin={self.margin})"
+        return (f"StepAside(warmup={self.warmup}, steps={self.steps}, margin={self.margin}, "
+                f"every={self.every})")
 
 
 def policy_with(policy: ExchangePolicy, stages: Sequence[str]) -> ExchangePolicy:

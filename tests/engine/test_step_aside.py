@@ -98,6 +98,38 @@ def test_the_first_step_of_each_arm_is_not_timed():
     assert aside.decision["seconds"] == pytest.approx([1.2, 1.0])
 
 
+def test_every_runs_the_trial_again_and_follows_a_changing_gain():
+    # The codec costs more than it saves at first, then (say, the model settled) it pays.
+    aside = StepAside(warmup=0, steps=2, every=5)
+    aside.bind(("codec", ))
+    readings = [0]
+
+    def cost(stages):
+        readings[0] += 1
+        if not stages:
+            return 1.0
+        return 2.0 if readings[0] <= 8 else 0.5
+
+    running = [tuple(aside.arms[0])]
+    history = []
+    clock = FakeClock(lambda: running[0], cost)
+    saved, step_aside_module._clock = step_aside_module._clock, clock
+    try:
+        for _ in range(30):
+            stages = aside.tick()
+            if stages is not None:
+                running[0] = stages
+                if aside._origin is None:  # a decision, not an arm
+                    history.append(stages)
+    finally:
+        step_aside_module._clock = saved
+    assert history[0] == ()  # first trial: the codec slowed the step
+    assert history[-1] == ("codec", )  # a later one: it pays now
+    assert running[0] == ("codec", )
+    with pytest.raises(ValueError, match="every >= 0"):
+        StepAside(every=-1)
+
+
 def test_policy_without_stages():
     policy = ExchangePolicy.of("int2").with_cache(0.01).with_sampling(0.5)
     assert policy.stages() == ("sampling", "cache", "codec")
