@@ -363,8 +363,11 @@ def add_ratios(row: dict) -> None:
     # fraction of the ceiling no order of a random graph's edges could beat.
     h = row.get("hot_set_fraction")
     if free and floor and free_ours and h is not None:
+        # The floor's step less the hot share of its reads (floor - free_ours, none where
+        # noise put the floor under the layer without aggregation): never above the floor,
+        # so the bound is never below the fraction at the floor.
         reads = max(0.0, floor - free_ours)
-        row["fraction_of_ceiling_bound"] = free / (free_ours + reads * (1 - h))
+        row["fraction_of_ceiling_bound"] = free / (floor - reads * h)
     # Aggregation's share of each step by subtraction, to compare with the profile's.
     for name in ("pyg", "ours"):
         if v.get(name) and free:
