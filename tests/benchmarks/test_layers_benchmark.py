@@ -63,12 +63,16 @@ def test_tiny_run(tmp_path):
     assert "| GCNConv(128, 128) |" in proc.stdout
 
 
-def test_ceiling_bound_frees_the_hot_set_reads_only(load_benchmark):
-    bench = load_benchmark("layers")
-    row = dict(hot_set_fraction=0.25, variants=dict(
+def _ratios(bench, h, no_aggregation_ours, floor):
+    row = dict(hot_set_fraction=h, variants=dict(
         pyg=dict(best_s=8.0), ours=dict(best_s=2.0), no_aggregation=dict(best_s=1.0),
-        no_aggregation_ours=dict(best_s=0.6), row_read_floor=dict(best_s=1.4)))
+        no_aggregation_ours=dict(best_s=no_aggregation_ours), row_read_floor=dict(best_s=floor)))
     bench.add_ratios(row)
+    return row
+
+
+def test_ceiling_bound_frees_the_hot_set_reads_only(load_benchmark):
+    row = _ratios(load_benchmark("layers"), 0.25, 0.6, 1.4)
     assert row["fraction_of_ceiling_at_floor"] == pytest.approx(1.0 / 1.4)
     assert row["ours_over_floor"] == pytest.approx(2.0 / 1.4)
     # the floor's 0.8 s of row reads, a quarter of them free: 0.6 + 0.6 s
@@ -78,9 +82,5 @@ def test_ceiling_bound_frees_the_hot_set_reads_only(load_benchmark):
 def test_ceiling_bound_is_never_below_the_fraction_at_the_floor(load_benchmark):
     # Timing noise can put the floor under the layer without aggregation (one repeat on a
     # busy machine): no reads to free, the bound is the fraction at the floor.
-    bench = load_benchmark("layers")
-    row = dict(hot_set_fraction=0.5, variants=dict(
-        pyg=dict(best_s=8.0), ours=dict(best_s=2.0), no_aggregation=dict(best_s=1.0),
-        no_aggregation_ours=dict(best_s=0.9), row_read_floor=dict(best_s=0.8)))
-    bench.add_ratios(row)
+    row = _ratios(load_benchmark("layers"), 0.5, 0.9, 0.8)
     assert row["fraction_of_ceiling_bound"] == pytest.approx(row["fraction_of_ceiling_at_floor"])

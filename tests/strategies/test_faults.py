@@ -196,22 +196,32 @@ def jobs(tmp_path_factory):
     pool.shutdown(wait=True)
 
 
+def _outcome(jobs, name):
+    r"""``(exit code, stdout, stderr)`` of a job run to its end (fails with why it was not)."""
+    result = jobs[name].result()
+    assert not isinstance(result, str), result
+    return result
+
+
+def _failures(jobs, names):
+    r"""The jobs of :obj:`names` that did not stop as they should, with why."""
+    outcomes = {name: jobs[name].result() for name in names}
+    return {name: why for name, why in outcomes.items() if why is not None}
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_sigterm_to_rank_zero_stops_every_process(jobs):
     # How SLURM and Kubernetes stop jobs. Lightning's own handler broadcast from inside the
     # signal handler while the other rank waited in a halo exchange: both hung for the
     # whole collective timeout (60 s here).
-    failed = {m: jobs[f"moment-{i}"].result() for i, m in enumerate(MOMENTS)}
-    failed = {m: why for m, why in failed.items() if why is not None}
-    assert not failed, failed
+    failed = _failures(jobs, [f"moment-{i}" for i in range(len(MOMENTS))])
+    assert not failed, {MOMENTS[int(name.split("-")[1])]: why for name, why in failed.items()}
 
 
 @pytest.mark.multiprocess
 def test_stuck_rank_gives_a_timeout_naming_the_exchange_and_the_option(jobs):
-    result = jobs["stuck-in-step"].result()
-    assert not isinstance(result, str), result
-    code, _, stderr = result
+    code, _, stderr = _outcome(jobs, "stuck-in-step")
     assert code != 0
     assert "CollectiveError: rank 0:" in stderr, stderr[-4000:]
     assert "timed out (collective timeout 3 s)" in stderr, stderr[-4000:]
@@ -224,9 +234,7 @@ def test_label_out_of_range_stops_every_rank_with_the_cause(jobs):
     # num_classes not given: inferred as 100 from the bad label (with a warning), while
     # the model has 7 outputs. The rank holding the node raises torch's error, with notes
     # saying where and why; the other rank stops at its next exchange instead of hanging.
-    result = jobs["bad-label"].result()
-    assert not isinstance(result, str), result
-    code, _, stderr = result
+    code, _, stderr = _outcome(jobs, "bad-label")
     assert code != 0
     assert "Target 99 is out of bounds" in stderr, stderr[-4000:]
     assert "the graph's labels reach 99" in stderr, stderr[-4000:]
@@ -239,9 +247,7 @@ def test_label_out_of_range_stops_every_rank_with_the_cause(jobs):
 def test_sigterm_to_any_rank_stops_every_process(jobs):
     # FourDStrategy kept Lightning's handler, which broadcasts inside the signal handler: every
     # rank hung for the collective timeout, then failed with a raw gloo error.
-    names = ("any-fullgraph-1", "any-4d-0", "any-4d-1")
-    failed = {name: jobs[name].result() for name in names}
-    failed = {name: why for name, why in failed.items() if why is not None}
+    failed = _failures(jobs, ("any-fullgraph-1", "any-4d-0", "any-4d-1"))
     assert not failed, failed
 
 
@@ -251,9 +257,7 @@ def test_a_metric_in_the_progress_bar_does_not_deadlock(jobs):
     # epoch's end Lightning's progress bar synchronizes it on rank 0 alone, while the other
     # rank was already in CommunicationMonitor's all-reduce: a deadlock until the start-up
     # timeout (30 minutes).
-    result = jobs["metric-in-progress-bar"].result()
-    assert not isinstance(result, str), result
-    code, stdout, stderr = result
+    code, stdout, stderr = _outcome(jobs, "metric-in-progress-bar")
     assert code == 0, stderr[-4000:]
     assert "RESULT" in stdout
 
@@ -274,6 +278,5 @@ def test_a_rank_stuck_between_steps_is_bounded_by_the_collective_timeout(jobs):
 def test_sigterm_ends_a_rank_blocked_in_a_collective(jobs):
     # The blocked rank waits in a collective (timeout 60 s), where no Python signal handler
     # runs: SIGTERM, even sent three times, did nothing. Rank 0 (the launcher) and rank 1.
-    failed = {b: jobs[f"blocked-{b}"].result() for b in (0, 1)}
-    failed = {b: why for b, why in failed.items() if why is not None}
+    failed = _failures(jobs, ("blocked-0", "blocked-1"))
     assert not failed, failed
