@@ -16,7 +16,7 @@ every peer, even with nothing to send).
 """
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Tuple, Union
 
@@ -89,9 +89,7 @@ class LinkModel:
         rate = float(bits_per_second)
         if not rate > 0 or math.isinf(rate):
             raise ValueError(f"link rate must be positive and finite, got {bits_per_second}")
-        state = self.to_dict()
-        state["beta"] = min(self.beta, rate / 8.0)
-        return LinkModel.from_dict(state)
+        return replace(self, beta=min(self.beta, rate / 8.0))
 
     def codec_seconds(self, bytes_encoded: float, bytes_decoded: float) -> float:
         r"""Predicted seconds a rank spends encoding and decoding.
