@@ -730,6 +730,12 @@ def _print_summary(s: dict) -> None:
         print(f"wire format          {s['codec']}: {fmt(s['bits_mean'])} bits per feature on "
               f"average, {fmt(s['bits_last'])} in the last epoch (lossy: not the "
               "single-process result)")
+    aside = s.get("step_aside")
+    if aside is not None:
+        times = ", ".join(f"{'+'.join(arm) or 'exact'} {t:.3f} s"
+                          for arm, t in zip(aside["arms"], aside["seconds"]))
+        print(f"step aside           kept {', '.join(aside['stages']) or 'nothing (exact)'} "
+              f"(median step of each trial: {times})")
 
 
 # Errors every rank raises identically: printed by rank 0 only.

@@ -90,6 +90,27 @@ def test_train_json_on_two_processes(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_train_step_aside_decides_alike_and_reports(tmp_path, capsys):
+    # Under Lightning, two processes: the codec is timed against the exact exchange (warm-up
+    # 2, then 3 steps each), every rank takes the same decision (the run would hang in the
+    # next exchange otherwise) and the summary reports it, with the per-epoch figures.
+    proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "12", "--json", "--codec",
+                "int2", "--step-aside")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout)
+    decision = summary["step_aside"]
+    assert decision["arms"] == [["codec"], []]
+    assert decision["stages"] in (["codec"], [])
+    assert len(decision["seconds"]) == 2 and all(t > 0 for t in decision["seconds"])
+    assert len(summary["per_epoch"]["step_s"]) == 12
+    assert summary["test_acc"] > 0.6
+    # Without --json the summary says what was kept.
+    from lightning_fullgraph.cli import _print_summary
+    _print_summary(summary)
+    assert "step aside           kept " in capsys.readouterr().out
+
+
+@pytest.mark.multiprocess
 def test_train_with_every_adaptive_knob(tmp_path):
     # The compiled kernels come from the usual build cache; partitions go to tmp_path.
     env = dict(os.environ, PYTHONPATH=str(ROOT))
