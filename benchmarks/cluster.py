@@ -51,6 +51,7 @@ CONFIGS: Dict[str, List[str]] = {
     "cache-int2c": ["--aggregation", "post", "--codec", "int2-compact", "--cache", "adaptive"],
     "pipeline": ["--aggregation", "post", "--pipeline", "async"],
     "sampling": ["--aggregation", "post", "--boundary-sampling", "0.1"],
+    "pipeline-int2": ["--aggregation", "post", "--pipeline", "async", "--codec", "int2"],
 }
 MATRIX = dict(models=["gcn", "sage"], configs=list(CONFIGS), rates=["1gbit"], nodes=[4],
               dataset="synthetic:nodes=200000,degree=10", hidden=256, epochs=8, seeds=[0])
@@ -194,6 +195,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "lightning_fullgraph"
                                               / "partitions"))
     p.add_argument("--job-timeout", type=float, default=3600.0)
+    p.add_argument("--no-dilate", dest="dilate", action="store_false",
+                   help="let the nodes share the cores freely instead of emulating one-core "
+                        "machines by time dilation (EmulatedCluster.dilated)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--replot", default=None, metavar="RESULTS.json",
@@ -215,7 +219,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     port = 29700
     for nodes in opts.nodes:
         for rate in opts.rates:
-            with EmulatedCluster(nodes, None if rate == "none" else rate) as cluster:
+            if opts.dilate and rate != "none":
+                cluster = EmulatedCluster.dilated(nodes, rate)
+            else:
+                cluster = EmulatedCluster(nodes, None if rate == "none" else rate)
+            print(f"[cluster] {nodes} nodes, links {cluster.rate}, cpus per node "
+                  f"{cluster.cpus or 'shared'}, dilation {cluster.dilation:g}", file=sys.stderr)
+            with cluster:
                 for model in opts.models:
                     for config in opts.configs:
                         for seed in opts.seeds:
@@ -224,6 +234,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   f"seed={seed} ...", file=sys.stderr, flush=True)
                             summary = run_job(cluster, model, config, opts, seed, port)
                             rows.append(summarize(summary, model, config, rate, nodes, seed))
+                            rows[-1]["dilation"] = cluster.dilation
     derive(rows)
     print(table(rows))
     out = Path(opts.json_out or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}.json")

@@ -11,7 +11,15 @@ Only addresses inside the namespaces the cluster creates are used; everything it
 removed when it closes (a context manager; also at interpreter exit and on SIGTERM/SIGINT).
 
 Needs root (or ``CAP_NET_ADMIN``), ``ip`` and ``tc`` (iproute2) and the ``tbf`` qdisc; latency
-cannot be added (that needs ``netem``), so the links have the bridge's latency (tens of µs)::
+cannot be added (that needs ``netem``), so the links have the bridge's latency (tens of µs).
+
+The nodes share the machine's cores.  With :obj:`cpus` each node's processes are held to that
+many CPUs by a cgroup CPU quota (v1 ``cpu`` or v2 ``cpu.max``): otherwise a rank blocked on
+the link lends its core to the others, and a configuration that communicates more looks
+cheaper than on machines of their own.  Holding N nodes to ``cores / N`` CPUs each and their
+links to ``rate * cores / N`` emulates N one-core machines on links of ``rate`` with every
+time stretched by ``N / cores`` (time dilation, Gupta et al., NSDI 2006): ratios of times are
+those of the emulated cluster (:meth:`EmulatedCluster.dilated`)::
 
     with EmulatedCluster(nodes=4, rate="1gbit") as cluster:
         jobs = cluster.torchrun(["-m", "lightning_fullgraph.cli", "train", "--dataset", "cora"])
@@ -99,16 +107,22 @@ class EmulatedCluster:
             unshaped links (the bridge's own speed, for comparisons).
         burst (int, optional): Token bucket size in bytes (default: a 4 ms worth of the rate,
             at least 64 KiB: what a NIC sends back to back).
+        cpus (float, optional): CPUs each node's processes may use together (a cgroup CPU
+            quota, e.g. ``0.5``); ``None``: no limit.
 
     Attributes:
         name (str): A short random id in every interface and namespace name it creates.
     """
 
     def __init__(self, nodes: int, rate: Optional[str] = "1gbit",
-                 burst: Optional[int] = None) -> None:
+                 burst: Optional[int] = None, cpus: Optional[float] = None) -> None:
         if int(nodes) < 1:
             raise ValueError(f"an emulated cluster needs at least 1 node, got {nodes}")
+        if cpus is not None and not float(cpus) > 0:
+            raise ValueError(f"cpus must be a positive number of CPUs per node, got {cpus!r}")
         self.nodes = int(nodes)
+        self.cpus = float(cpus) if cpus is not None else None
+        self._cgroups: List[str] = []
         self.rate = rate
         self.rate_bits = parse_rate(rate) if rate is not None else None
         if burst is None and self.rate_bits is not None:
@@ -121,6 +135,24 @@ class EmulatedCluster:
         self._created: List[List[str]] = []  # undo commands, run in reverse
         self._procs: List[subprocess.Popen] = []
         self._up = False
+
+    @classmethod
+    def dilated(cls, nodes: int, rate: str, cores: Optional[int] = None,
+                **kwargs) -> "EmulatedCluster":
+        r""":obj:`nodes` one-core machines on links of :obj:`rate`, emulated on :obj:`cores`
+        cores (default: this machine's): when there are more nodes than cores, each node gets
+        ``cores / nodes`` CPUs and ``rate * cores / nodes`` of link, so every time is
+        stretched by :attr:`dilation` ``= nodes / cores`` and ratios are kept.  Run one
+        single-threaded rank per node (``OMP_NUM_THREADS=1``)."""
+        cores = int(cores or os.cpu_count() or 1)
+        factor = max(1.0, nodes / cores)
+        cluster = cls(nodes, f"{parse_rate(rate) / factor:.0f}bit", cpus=1.0 / factor,
+                      **kwargs)
+        cluster.dilation = factor
+        return cluster
+
+    #: How much slower than the emulated cluster every time runs (see :meth:`dilated`).
+    dilation: float = 1.0
 
     # -- names ---------------------------------------------------------------------------------
     def namespace(self, node: int) -> str:
@@ -176,6 +208,8 @@ class EmulatedCluster:
                           f"{self.address(node)}/24", "dev", inside])
                 self._do(["ip", "netns", "exec", ns, "ip", "link", "set", inside, "up"])
                 self._do(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"])
+                if self.cpus is not None:
+                    self._cgroups.append(self._cpu_cgroup(node))
                 if self.rate is not None:
                     # Queue up to a second of traffic rather than drop it: the shaping, not
                     # TCP's loss recovery, sets the time.
@@ -186,6 +220,20 @@ class EmulatedCluster:
             self.down()
             raise
         return self
+
+    def _cpu_cgroup(self, node: int) -> str:
+        r"""A cgroup holding :obj:`node`'s processes to :attr:`cpus` CPUs; its directory."""
+        period = 10_000  # µs: a short period, so a rank is never held back for long at once
+        quota = max(1_000, int(round(self.cpus * period)))
+        path = os.path.join(_cpu_hierarchy(), f"lfg{self.name}n{node}")
+        os.mkdir(path)
+        self._created.append(["rmdir", path])
+        if os.path.exists(os.path.join(path, "cpu.max")):  # cgroup v2
+            _write(os.path.join(path, "cpu.max"), f"{quota} {period}")
+        else:
+            _write(os.path.join(path, "cpu.cfs_period_us"), str(period))
+            _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+        return path
 
     def _do(self, argv: List[str], undo: Optional[List[str]] = None) -> None:
         _run(argv)
@@ -199,7 +247,12 @@ class EmulatedCluster:
                 _kill_tree(proc)
         self._procs = []
         while self._created:
-            _run(self._created.pop(), check=False)
+            undo = self._created.pop()
+            if undo[0] == "rmdir":
+                _remove_cgroup(undo[1])
+            else:
+                _run(undo, check=False)
+        self._cgroups = []
         self._up = False
         _OPEN.discard(self)
 
@@ -219,8 +272,15 @@ class EmulatedCluster:
         :meth:`down` ends it and everything it started)."""
         if not self._up:
             raise RuntimeError("the cluster is not up: use it as a context manager or call up()")
+        cgroup = self._cgroups[node] if self._cgroups else None
+
+        def enter() -> None:  # in the child, before exec: it and all it starts are held
+            if cgroup is not None:
+                _write(os.path.join(cgroup, "cgroup.procs"), str(os.getpid()))
+
         proc = subprocess.Popen(["ip", "netns", "exec", self.namespace(node), *argv],
-                                env=self.env(node, env), start_new_session=True, **kwargs)
+                                env=self.env(node, env), start_new_session=True,
+                                preexec_fn=enter if cgroup is not None else None, **kwargs)
         self._procs.append(proc)
         return proc
 
@@ -249,6 +309,41 @@ class EmulatedCluster:
                 _kill_tree(proc)
                 codes.append(None)
         return codes
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _cpu_hierarchy() -> str:
+    r"""Where CPU-quota cgroups are made: cgroup v1's ``cpu`` hierarchy, else the v2 root
+    (with the ``cpu`` controller enabled for its children)."""
+    for path in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
+        if os.path.exists(os.path.join(path, "cpu.cfs_quota_us")):
+            return path
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        controllers = os.path.join(root, "cgroup.controllers")
+        if os.path.exists(controllers) and "cpu" in open(controllers).read().split():
+            control = os.path.join(root, "cgroup.subtree_control")
+            if "cpu" not in open(control).read().split():
+                _write(control, "+cpu")
+            return root
+    raise ClusterUnavailable("no cgroup CPU controller to hold nodes to `cpus` (mount cgroup "
+                             "v1's cpu hierarchy or enable v2's cpu controller), or leave "
+                             "cpus=None")
+
+
+def _remove_cgroup(path: str) -> None:
+    # Its processes were just killed: the kernel frees the group a moment later.
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:

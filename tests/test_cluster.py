@@ -29,6 +29,34 @@ def test_rates_are_read_as_tc_reads_them():
             parse_rate(bad)
 
 
+def test_a_dilated_cluster_emulates_one_core_machines():
+    # Four one-core machines on 1 Gbit/s links, emulated on two cores: half a CPU and half
+    # the link each, every time twice as long; with cores to spare, nothing changes.
+    cluster = EmulatedCluster.dilated(4, "1gbit", cores=2)
+    assert (cluster.dilation, cluster.cpus, cluster.rate_bits) == (2.0, 0.5, 5e8)
+    cluster = EmulatedCluster.dilated(2, "1gbit", cores=8)
+    assert (cluster.dilation, cluster.cpus, cluster.rate_bits) == (1.0, 1.0, 1e9)
+    with pytest.raises(ValueError, match="cpus must be a positive number"):
+        EmulatedCluster(2, "1gbit", cpus=0)
+
+
+BUSY = "import os, time\nt = time.time()\nwhile time.time() - t < 1.5: pass\nprint(sum(os.times()[:2]))"
+
+
+@needs_cluster
+def test_a_node_is_held_to_its_cpus(tmp_path):
+    import subprocess
+    with EmulatedCluster(2, None, cpus=0.25) as cluster:
+        procs = [cluster.popen(node, [sys.executable, "-c", BUSY], stdout=subprocess.PIPE,
+                               text=True) for node in range(2)]
+        assert cluster.wait(procs, timeout=60) == [0, 0]
+        groups = list(cluster._cgroups)
+        used = [float(p.stdout.read().strip()) for p in procs]
+    # 1.5 s of wall clock at a quarter of a CPU (the interpreter's start-up included).
+    assert all(0.2 < u < 0.6 for u in used), used
+    assert not any(os.path.exists(g) for g in groups)  # removed with the cluster
+
+
 # Two ranks time a 4 MiB all_to_all_single each way over gloo, bound to the node's interface.
 ALL_TO_ALL = textwrap.dedent("""
     import json, os, sys, time, torch, torch.distributed as dist
