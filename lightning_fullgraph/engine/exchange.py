@@ -241,8 +241,13 @@ class HaloExchange:
         send = x.index_select(0, self.plan.post.send_index)
         complete = self._transfer_async(send.detach(), self._post_send, self._post_recv, key,
                                         "forward", self._post_levels("forward"))
-        return SplitRows(x, lambda: _HaloRecv.apply(send, self, key, training, complete),
-                         self.num_halo)
+        # Backward overlap: the halo rows' gradients start back to their owners as soon as
+        # they are computed (the halo part's backward runs first), and the owned part's
+        # backward runs while they travel; _OwnedGrad waits for them and adds them in.
+        handoff = _GradHandoff() if x.requires_grad and torch.is_grad_enabled() else None
+        local = _OwnedGrad.apply(x, self, handoff) if handoff is not None else x
+        return SplitRows(local, lambda: _HaloRecv.apply(send, self, key, training, complete,
+                                                        handoff), self.num_halo)
 
     @torch.compiler.disable
     def reduce(self, aggregated: Tensor, key: str = "x.pre", in_place: bool = False) -> Tensor:
@@ -634,22 +639,64 @@ class _HaloRows(torch.autograd.Function):
         return grad_own, None, None, None, None
 
 
+class _GradHandoff:
+    r"""Between the two backward halves of an overlapped exchange: the gradients' transfer
+    started by :class:`_HaloRecv` and completed by :class:`_OwnedGrad`."""
+
+    __slots__ = ("pending", "owned_done")
+
+    def __init__(self) -> None:
+        self.pending = None  # completes the transfer: -> [S, F] gradients of the send rows
+        self.owned_done = False
+
+
 class _HaloRecv(torch.autograd.Function):
     r"""``[S, F]`` rows sent -> ``[N_halo, F]`` rows received, the transfer started before
-    (overlap); backward returns the halo gradients to the owners' send rows."""
+    (overlap); backward returns the halo gradients to the owners' send rows: started here
+    and added by :class:`_OwnedGrad` after the owned part's backward (backward overlap), or
+    here at once when that part's backward already ran."""
 
     @staticmethod
     def forward(ctx, send: Tensor, ex: HaloExchange, key: str, training: bool,
-                complete) -> Tensor:
-        ctx.ex, ctx.key, ctx.training = ex, key, training
+                complete, handoff: Optional[_GradHandoff] = None) -> Tensor:
+        ctx.ex, ctx.key, ctx.training, ctx.handoff = ex, key, training, handoff
         return complete().to(send.dtype)
 
     @staticmethod
     def backward(ctx, grad_halo: Tensor):
         ex: HaloExchange = ctx.ex
+        handoff: Optional[_GradHandoff] = ctx.handoff
+        if handoff is not None and not handoff.owned_done:
+            handoff.pending = ex._transfer_async(grad_halo.contiguous(), ex._post_recv,
+                                                 ex._post_send, ctx.key, "backward",
+                                                 ex._post_levels("backward"))
+            return None, None, None, None, None, None
         grad_send = ex._send(grad_halo.contiguous(), ex._post_recv, ex._post_send, ctx.key,
                              "backward", ex._post_levels("backward"), ctx.training)
-        return grad_send.to(grad_halo.dtype), None, None, None, None
+        return grad_send.to(grad_halo.dtype), None, None, None, None, None
+
+
+class _OwnedGrad(torch.autograd.Function):
+    r"""Identity on the owned rows of an overlapped exchange.  Its backward runs after the
+    owned part's (which consumes its output) and so after :class:`_HaloRecv`'s, which the
+    autograd engine runs first (created later): it completes the gradients' transfer
+    started there and adds them to the send rows' gradients."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, ex: HaloExchange, handoff: _GradHandoff) -> Tensor:
+        ctx.ex, ctx.handoff = ex, handoff
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        handoff: _GradHandoff = ctx.handoff
+        pending, handoff.pending = handoff.pending, None
+        handoff.owned_done = True
+        if pending is None:  # the halo part's backward has not run: it sends synchronously
+            return grad, None, None
+        grad_send = pending()
+        return grad.index_add(0, ctx.ex.plan.post.send_index,
+                              grad_send.to(grad.dtype)), None, None
 
 
 def _owned_rows(aggregated: Tensor, n: int) -> Tensor:

@@ -149,12 +149,14 @@ class SplitCSR:
         halo: CSR of the edges with halo sources (``num_src = N_halo``).
         own_pos: ``[E_own]`` position in ``edge_index`` of every owned-source edge.
         halo_pos: ``[E_halo]`` position of every halo-source edge.
+        in_degree: ``[num_dst]`` edges into every destination, both parts (a mean's divisor).
     """
 
     own: CSRGraph
     halo: CSRGraph
     own_pos: Tensor
     halo_pos: Tensor
+    in_degree: Tensor
 
 
 def build_split_csr(edge_index: Tensor, num_own: int, num_src: int, num_dst: int) -> SplitCSR:
@@ -167,7 +169,9 @@ def build_split_csr(edge_index: Tensor, num_own: int, num_src: int, num_dst: int
     own = build_csr(torch.stack([src[own_pos], dst[own_pos]]), num_own, num_dst)
     halo = build_csr(torch.stack([src[halo_pos] - num_own, dst[halo_pos]]), num_src - num_own,
                      num_dst)
-    return SplitCSR(own, halo, own_pos.to(dtype), halo_pos.to(dtype))
+    in_degree = torch.bincount(dst, minlength=num_dst) if dst.numel() else \
+        torch.zeros(num_dst, dtype=torch.long, device=dst.device)
+    return SplitCSR(own, halo, own_pos.to(dtype), halo_pos.to(dtype), in_degree)
 
 
 class _Entry:

@@ -197,9 +197,9 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
         reduce = _reduce_of(mod)
         rewritten = len(compat.hook_dicts(mod, "propagate_pre")) > 0
         if rewritten:
-            # A sum over a split source (owned rows now, halo rows later) is ours to run.
+            # A sum or mean over a split source (owned rows now, halo rows later) is ours.
             edge_index, size, kwargs = _run_pre_hooks(mod, edge_index, size, kwargs,
-                                                      accept_split=reduce == "sum")
+                                                      accept_split=reduce in ("sum", "mean"))
         split = _split_source(kwargs.get(spec.x))
         if split is not None:
             out = _aggregate_split_call(mod, spec, split, edge_index, size, kwargs, be)
@@ -275,16 +275,20 @@ def _materialized(kwargs: Dict[str, Any]) -> Dict[str, Any]:
 @torch.compiler.disable  # completes the halo exchange (eager collectives)
 def _aggregate_split_call(mod, spec: LayerSpec, split: SplitRows, edge_index, size,
                           kwargs: Dict[str, Any], be: str) -> Optional[Tensor]:
-    r"""The layer's sum over a split source, or ``None`` when the call needs PyG's path."""
+    r"""The layer's sum or mean over a split source, or ``None`` when the call needs PyG's
+    path."""
     x = kwargs[spec.x]
     probe = {**kwargs, spec.x: (split.local, x[1]) if isinstance(x, (tuple, list)) else split.local}
-    if _reduce_of(mod) != "sum" or size is None or not _call_supported(mod, spec, edge_index, probe):
+    reduce = _reduce_of(mod)
+    if (reduce not in ("sum", "mean") or size is None
+            or not _call_supported(mod, spec, edge_index, probe)):
         return None
     n_src, n_dst = int(size[0]), int(size[1])
     if n_src != split.num_rows:
         return None
     weight = kwargs.get(spec.weight) if spec.weight else None
-    return aggregate_split(split, _plain_index(edge_index), weight, n_dst, backend=be)
+    return aggregate_split(split, _plain_index(edge_index), weight, n_dst, backend=be,
+                           reduce=reduce)
 
 
 def _plain_index(edge_index):

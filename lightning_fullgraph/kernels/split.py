@@ -8,7 +8,7 @@ training), and avoids concatenating ``[owned; halo]`` into one more ``N x F`` te
 :class:`SplitRows` stands for such a source; a producer (the distributed engine's halo
 exchange) hands one out only while :func:`split_accepted` is true, which the kernels'
 ``propagate`` wrapper sets around the layer's pre-hooks when it can aggregate it
-(:func:`aggregate_split`, sum aggregation).  Anything else gets :meth:`SplitRows.materialize`.
+(:func:`aggregate_split`, sum or mean aggregation).  Anything else gets :meth:`SplitRows.materialize`.
 
 The split graph (edges with owned sources, edges with halo sources renumbered from 0) is
 built once per graph and cached with the CSR structures (:func:`~.csr.get_split_csr`).
@@ -81,8 +81,10 @@ def split_accepted() -> bool:
 
 
 def aggregate_split(src: SplitRows, edge_index: Tensor, weight: Optional[Tensor],
-                    num_dst: int, backend: Optional[str] = "auto") -> Tensor:
-    r"""Sum aggregation over :obj:`src`: the owned-source edges, then the halo edges.
+                    num_dst: int, backend: Optional[str] = "auto",
+                    reduce: str = "sum") -> Tensor:
+    r"""Sum (or mean) aggregation over :obj:`src`: the owned-source edges, then the halo
+    edges.
 
     Args:
         src (SplitRows): The source rows; its halo is completed between the two parts.
@@ -90,6 +92,8 @@ def aggregate_split(src: SplitRows, edge_index: Tensor, weight: Optional[Tensor]
         weight (torch.Tensor, optional): ``[E]`` edge scalars in ``edge_index`` order.
         num_dst (int): Destination rows.
         backend (str, optional): As :func:`~.functional.aggregate`.
+        reduce (str, optional): ``"sum"`` or ``"mean"`` (the sum divided by every
+            destination's in-degree over both parts; 0 without edges, as PyG's mean).
 
     Returns:
         ``[num_dst, F]``, differentiable with respect to both parts and the weights.
@@ -109,4 +113,8 @@ def aggregate_split(src: SplitRows, edge_index: Tensor, weight: Optional[Tensor]
     # runs the gradients' exchange that every rank takes part in.  In place: the sum's
     # backward needs no saved output, and this saves an N x F copy.
     out.add_(aggregate(halo, split.halo, w_halo, "sum", num_dst, backend=backend))
+    if reduce == "mean":
+        out.div_(split.in_degree.clamp_min(1).to(out.dtype).view(-1, *([1] * (out.dim() - 1))))
+    elif reduce != "sum":
+        raise ValueError(f"aggregate_split: reduce must be 'sum' or 'mean', got {reduce!r}")
     return out

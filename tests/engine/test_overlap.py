@@ -1,9 +1,10 @@
 """Overlap of the synchronous halo exchange with the owned-source aggregation
-(``FullGraphEngine(overlap=True)``; kernels/split.py).
+(``FullGraphEngine(overlap=True)``; kernels/split.py), forward and backward.
 
 Every run trains the same model with overlap off and on and in one process: the same
 losses and parameters to fp32 rounding (the sum runs owned sources first), the very same
-bytes on the wire, and the split aggregation really ran.
+bytes on the wire, the split aggregation really ran, and the halo gradients started back
+to their owners before the owned part's backward ran (asynchronously, completed after it).
 """
 import copy
 
@@ -48,12 +49,45 @@ def _run(rank, world_size, kind, aggregation):
         return inner(*args, **kwargs)
 
     kernel_pyg.aggregate_split = counted
+    from lightning_fullgraph.engine import exchange as exchange_module
+    from lightning_fullgraph.kernels import functional
+
+    events = []
+    start, owned = exchange_module.HaloExchange._transfer_async, exchange_module._OwnedGrad
+
+    def started(self, flat, send_counts, recv_counts, key, direction, levels=None):
+        finish = start(self, flat, send_counts, recv_counts, key, direction, levels)
+        events.append(("start", direction))
+
+        def completed():
+            events.append(("complete", direction))
+            return finish()
+        return completed
+
+    exchange_module.HaloExchange._transfer_async = started
+    csr_sum = functional.ops.csr_sum
+
+    class Noted(torch.autograd.Function):  # notes when a sum's backward runs
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            events.append(("sum backward", None))
+            return grad
+
+    def noted_sum(rowptr, col, w, x, *args):
+        return csr_sum(rowptr, col, w, Noted.apply(x) if x.requires_grad else x, *args)
+
+    functional.ops.csr_sum = noted_sum
     data, part = rank_partition(rank, world_size)
     torch.manual_seed(1)
     ref = _model(kind, data.num_features, 4)
     out = {}
     for overlap in (False, True):
         calls[0] = 0
+        events.clear()
         engine = FullGraphEngine(part, aggregation=aggregation, cache_static=False,
                                  overlap=overlap)
         model = copy.deepcopy(ref)
@@ -62,6 +96,7 @@ def _run(rank, world_size, kind, aggregation):
         losses, logits = _train(model, engine.data, engine.backward)
         total = engine.stats.total()
         out[overlap] = dict(losses=losses, logits=logits, calls=calls[0],
+                            events=list(events),
                             params=[p.detach().clone() for p in model.parameters()],
                             bytes=total.bytes_sent + total.bytes_received)
         engine.detach()
@@ -70,7 +105,7 @@ def _run(rank, world_size, kind, aggregation):
     on, off = out[True], out[False]
     owned = part.owned_ids
     return dict(
-        calls_on=on["calls"], calls_off=off["calls"],
+        calls_on=on["calls"], calls_off=off["calls"], events_on=on["events"],
         bytes_on=on["bytes"], bytes_off=off["bytes"],
         loss_error=max(abs(a - b) for a, b in zip(on["losses"], off["losses"])),
         param_error=max(float((a - b).abs().max() / b.abs().max().clamp_min(1.0))
@@ -85,11 +120,18 @@ def _run(rank, world_size, kind, aggregation):
 def test_overlap_is_exact_and_sends_the_same(kind, aggregation):
     for r in run_distributed(_run, 2, kind, aggregation):
         assert r["calls_off"] == 0
-        # Two layers, four epochs: every sum aggregation ran split.  SAGE's mean layers
-        # run as sums in hybrid mode (divided by the global degree after the pre channel);
-        # post-aggregated they stay means, which are not split (not overlapped).
-        split = not (kind == "sage" and aggregation == "post")
-        assert r["calls_on"] == (2 * EPOCHS if split else 0)
+        # Two layers, four epochs: every aggregation ran split (SAGE's means too).
+        assert r["calls_on"] == 2 * EPOCHS
+        # Backward: the halo gradients of every layer whose rows need a gradient (not the
+        # first of GIN and SAGE, whose input is the features) start back to their owners, an
+        # owned-source sum's backward runs, then they complete.
+        events = r["events_on"]
+        backward = [i for i, e in enumerate(events) if e[1] == "backward"]
+        layers = 2 if kind == "gcn" else 1  # GCN transforms before it aggregates
+        assert len(backward) == 2 * layers * EPOCHS
+        for s, c in zip(backward[::2], backward[1::2]):
+            assert events[s] == ("start", "backward") and events[c] == ("complete", "backward")
+            assert ("sum backward", None) in events[s + 1:c]
         assert r["bytes_on"] == r["bytes_off"]
         assert r["loss_error"] <= 1e-6
         assert r["param_error"] <= 1e-5 and r["single_error"] <= 1e-5

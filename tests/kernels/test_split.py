@@ -15,18 +15,20 @@ def _graph(n_own=40, n_halo=25, n_dst=40, e=400, seed=0):
     return ei, g
 
 
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("backend", ["torch", "auto"])
-def test_split_equals_concatenated(weighted, backend):
+def test_split_equals_concatenated(weighted, backend, reduce):
     ei, g = _graph()
+    ei[1, ei[1] >= 30] = 0  # destinations 30-49 without edges: a mean of 0 there
     own = torch.randn(40, 8, generator=g, dtype=torch.float64, requires_grad=True)
     halo = torch.randn(25, 8, generator=g, dtype=torch.float64, requires_grad=True)
     w = (torch.rand(ei.size(1), generator=g, dtype=torch.float64) + 0.1).requires_grad_() \
         if weighted else None
     completed = []
     split = SplitRows(own, lambda: completed.append(1) or halo, 25)
-    out = aggregate_split(split, ei, w, 40, backend=backend)
-    ref = aggregate(torch.cat([own, halo]), ei, w, "sum", 40, backend=backend)
+    out = aggregate_split(split, ei, w, 50, backend=backend, reduce=reduce)
+    ref = aggregate(torch.cat([own, halo]), ei, w, reduce, 50, backend=backend)
     assert completed == [1]  # the halo was completed exactly once
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     grad = torch.randn_like(out)
