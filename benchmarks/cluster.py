@@ -20,9 +20,13 @@ Usage::
 
 Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (exact),
 ``int2`` (post rows as int2), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
-``pipeline`` (one-epoch-stale rows), ``sampling`` (boundary sampling p = 0.1), and
-``+overlap`` after any name (``hybrid+overlap``).  The machine's cores are shared by all
-nodes: compute is slower than on N real machines, so read ratios, not seconds.
+``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``sampling`` (boundary
+sampling p = 0.1), and
+``+nooverlap`` after any name (overlap is on by default), ``+aside`` (``--step-aside``).
+By default N nodes on fewer cores are dilated (:meth:`EmulatedCluster.dilated`): each node is
+held to ``cores / N`` CPUs and ``rate * cores / N`` of link, so N one-core machines on links
+of ``rate`` are emulated with every time stretched by ``N / cores`` (in the JSON:
+``dilation``); ``--no-dilate`` lets the nodes share the cores freely.  Read ratios.
 
 Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the current
 directory) and, with ``--plot``, a figure of step time per configuration and model.
@@ -59,8 +63,9 @@ QUICK = dict(models=["gcn"], configs=["post", "hybrid"], rates=["1gbit"], nodes=
              dataset="cora", hidden=16, epochs=5, seeds=[0])
 
 
-#: Options a configuration name may add after ``+`` (``"int2+aside"``, ``"hybrid+overlap"``).
-SUFFIXES = {"overlap": ["--overlap"], "aside": ["--step-aside"]}
+#: Options a configuration name may add after ``+`` (``"int2+aside"``, ``"post+nooverlap"``;
+#: overlap is on by default).
+SUFFIXES = {"overlap": ["--overlap"], "nooverlap": ["--no-overlap"], "aside": ["--step-aside"]}
 
 
 def config_args(name: str) -> List[str]:
@@ -105,10 +110,11 @@ def time_to(trace: List[List[float]], target: float) -> Optional[float]:
     return None
 
 
-def derive(rows: List[Dict[str, Any]]) -> None:
-    r"""Adds ratios against exact post of the same model, rate and node count, in place."""
+def derive(rows: List[Dict[str, Any]], reference: str = "post") -> None:
+    r"""Adds ratios against exact post (the :obj:`reference` configuration) of the same model,
+    rate and node count, in place."""
     for row in rows:
-        ref = [r for r in rows if r["config"] == "post" and r["model"] == row["model"]
+        ref = [r for r in rows if r["config"] == reference and r["model"] == row["model"]
                and r["rate"] == row["rate"] and r["nodes"] == row["nodes"]]
         if not ref:
             continue
@@ -200,6 +206,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "machines by time dilation (EmulatedCluster.dilated)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--plot", default=None)
+    p.add_argument("--reference", default="post",
+                   help="the configuration the ratios are against (default: post)")
     p.add_argument("--replot", default=None, metavar="RESULTS.json",
                    help="only print the table and plot of saved results")
     opts = p.parse_args(argv)
@@ -235,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                             summary = run_job(cluster, model, config, opts, seed, port)
                             rows.append(summarize(summary, model, config, rate, nodes, seed))
                             rows[-1]["dilation"] = cluster.dilation
-    derive(rows)
+    derive(rows, opts.reference)
     print(table(rows))
     out = Path(opts.json_out or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}.json")
     meta = dict(dataset=opts.dataset, hidden=opts.hidden, epochs=opts.epochs,

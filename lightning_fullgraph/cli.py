@@ -179,10 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "halo rows and gradients one epoch stale while this epoch's are in "
                         "flight, a synchronous epoch after 10 async ones), 'adaptive' (SYLVIE: "
                         "sync or async per epoch from the loss-descent rate)")
-    t.add_argument("--overlap", action="store_true",
+    t.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="overlap the synchronous halo exchange with the aggregation of the "
-                        "edges whose sources are local (sum layers on the kernels; exact to "
-                        "rounding)")
+                        "edges whose sources are local, forward and backward (sum and mean "
+                        "layers on the kernels; exact to rounding; default on)")
     t.add_argument("--step-aside", action="store_true",
                    help="after a few epochs, time the reductions on (codec, cache, pipeline, "
                         "boundary sampling) against the epoch with each left out, and keep "
@@ -274,8 +274,11 @@ def _check_train_options(args) -> None:
     parser = args.command_parser
     given: Dict[str, List[str]] = {}
     for name, needs in _train_option_scope(args):
-        if getattr(args, name) != parser.get_default(name):
-            given.setdefault(needs, []).append("--" + name.replace("_", "-"))
+        value, default = getattr(args, name), parser.get_default(name)
+        if value != default:
+            negated = value is False and default is True  # given as --no-<name>
+            given.setdefault(needs, []).append(("--no-" if negated else "--")
+                                               + name.replace("_", "-"))
     if given:
         got = f"--strategy {args.strategy}" + (f" --loader {args.loader}"
                                                if args.strategy == "pyg" else "")
