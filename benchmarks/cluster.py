@@ -22,7 +22,7 @@ Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (
 ``int2`` (post rows as int2), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
 ``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``sampling`` (boundary
 sampling p = 0.1), and
-``+overlap`` after any name (``--overlap``), ``+aside`` (``--step-aside``).
+``+nooverlap`` after any name (overlap is on by default), ``+aside`` (``--step-aside``).
 By default N nodes on fewer cores are dilated (:meth:`EmulatedCluster.dilated`): each node is
 held to ``cores / N`` CPUs and ``rate * cores / N`` of link, so N one-core machines on links
 of ``rate`` are emulated with every time stretched by ``N / cores`` (in the JSON:
@@ -63,7 +63,8 @@ QUICK = dict(models=["gcn"], configs=["post", "hybrid"], rates=["1gbit"], nodes=
              dataset="cora", hidden=16, epochs=5, seeds=[0])
 
 
-#: Options a configuration name may add after ``+`` (``"int2+aside"``, ``"post+overlap"``).
+#: Options a configuration name may add after ``+`` (``"int2+aside"``, ``"post+nooverlap"``;
+#: overlap is on by default).
 SUFFIXES = {"overlap": ["--overlap"], "nooverlap": ["--no-overlap"], "aside": ["--step-aside"]}
 
 

@@ -676,10 +676,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--aggregation", choices=("post", "pre", "hybrid"), default=None,
                    help="FullGraphEngine(aggregation=...) of the ranks (default: the engine's "
                         "default); benchmarks/aggregation.py compares the three")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="FullGraphEngine(overlap=...): the halo transfer runs while the "
                         "edges with owned sources aggregate (needs --kernels other than pyg; "
-                        "default off, as the engine's)")
+                        "default on, as the engine's)")
     p.add_argument("--block-cache-ab", default=None, metavar="LIMIT",
                    help="time the huge-page allocator's block cache (kernels.set_block_cache) "
                         "against none in the same processes: timed epochs in pairs, off, off, "

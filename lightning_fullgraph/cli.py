@@ -179,10 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "halo rows and gradients one epoch stale while this epoch's are in "
                         "flight, a synchronous epoch after 10 async ones), 'adaptive' (SYLVIE: "
                         "sync or async per epoch from the loss-descent rate)")
-    t.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
+    t.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="overlap the synchronous halo exchange with the aggregation of the "
                         "edges whose sources are local, forward and backward (sum and mean "
-                        "layers on the kernels; exact to rounding; default off)")
+                        "layers on the kernels; exact to rounding; default on)")
     t.add_argument("--step-aside", action="store_true",
                    help="after a few epochs, time the reductions on (codec, cache, pipeline, "
                         "boundary sampling) against the epoch with each left out, and keep "

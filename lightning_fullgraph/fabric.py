@@ -68,7 +68,7 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
                     timeout: Optional[float] = None,
                     aggregation: str = "hybrid", cache: Any = None,
                     pipeline: Any = None, boundary_sampling: Any = None,
-                    loss_reduction: str = "mean", overlap: bool = False,
+                    loss_reduction: str = "mean", overlap: bool = True,
                     step_aside: Any = False) -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
     :obj:`model` to it.  Train with ``fabric.backward(loss)``, ``loss.backward()`` or
@@ -97,7 +97,7 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         boundary_sampling (float, optional): Kept fraction of halo nodes per training step
             (:class:`~lightning_fullgraph.engine.BoundarySampling`; default none).
         overlap (bool): Overlap the synchronous exchange with the local aggregation
-            (see :class:`~lightning_fullgraph.engine.FullGraphEngine`; default off).
+            (see :class:`~lightning_fullgraph.engine.FullGraphEngine`; default on).
         step_aside (bool or StepAside): Keep only the reductions that shorten the measured
             step (:mod:`~lightning_fullgraph.engine.step_aside`; default off).
 

@@ -245,13 +245,13 @@ def test_options_the_strategy_would_ignore_are_refused(capsys):
     # argparse's error (usage, exit status 2), naming every ignored option and what it needs;
     # before, --strategy 4d trained and reported "codec": null.
     fullgraph_only = ["--codec", "int2", "--cache", "0.1", "--pipeline", "async",
-                      "--boundary-sampling", "0.5", "--overlap", "--aggregation", "post"]
+                      "--boundary-sampling", "0.5", "--no-overlap", "--aggregation", "post"]
     with pytest.raises(SystemExit) as info:
         main(["train", "--strategy", "4d", "--model", "scalegnn", *fullgraph_only])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: lightning-fullgraph train")
-    assert ("--aggregation, --codec, --cache, --pipeline, --overlap and --boundary-sampling "
+    assert ("--aggregation, --codec, --cache, --pipeline, --no-overlap and --boundary-sampling "
             "apply only with --strategy fullgraph (got --strategy 4d --model scalegnn)") in err
     with pytest.raises(SystemExit) as info:
         main(["train", "--grid", "2,1,1", "--dp", "2", "--bf16-comm", "--steps-per-epoch", "3"])

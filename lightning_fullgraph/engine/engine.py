@@ -99,7 +99,7 @@ class FullGraphEngine:
             Exact to floating-point rounding (the sum runs in another order).  Exchanges
             with a halo cache, the asynchronous pipeline or boundary sampling stay as they
             are.  Backward too: the halo gradients travel while the owned part's backward
-            runs.  Default off.
+            runs.  Default on.
         step_aside (bool or StepAside): Try the policy's stages (sampling, cache, lossy
             codec, pipeline) against the measured step time after a few steps and keep only
             those that shorten it (:mod:`~.step_aside`; every rank decides the same).
@@ -112,7 +112,7 @@ class FullGraphEngine:
                  timeout: Optional[Any] = None,
                  aggregation: str = "hybrid", seed: int = 0,
                  cache_static: bool = True, ranks_per_host: Optional[int] = None,
-                 overlap: bool = False, loss_reduction: str = "mean",
+                 overlap: bool = True, loss_reduction: str = "mean",
                  step_aside: Any = False) -> None:
         if aggregation not in MODES:
             raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")

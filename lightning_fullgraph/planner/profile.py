@@ -292,6 +292,10 @@ class ExchangeRecorder:
         for ex in self.exchanges:
             ex._send = self._wrap_send(ex, ex._send)
             self._installed.append((ex, "_send"))
+            if hasattr(ex, "_transfer_async"):
+                # Overlapped exchanges start their transfers here, not through _send.
+                ex._transfer_async = self._wrap_send(ex, ex._transfer_async, nested=False)
+                self._installed.append((ex, "_transfer_async"))
         return self
 
     def remove(self) -> None:
@@ -328,14 +332,17 @@ class ExchangeRecorder:
             c.key, _layer_of(c.key))}) for c in calls)
 
     # -- wrappers --------------------------------------------------------------------------------
-    def _wrap_send(self, ex: Any, send: Callable) -> Callable:
+    def _wrap_send(self, ex: Any, send: Callable, nested: bool = True) -> Callable:
+        r"""Records each call of :obj:`send` as one exchange call; with :obj:`nested` false,
+        only calls made outside another recorded one (an asynchronous start that a
+        pipelined ``_send`` makes is that send's, not a second call)."""
         recorder = self
 
         def _send(rows: Tensor, send_counts, recv_counts, key: str, direction: str, *a, **kw):
-            if recorder._calls is None:
+            stack = getattr(_CURRENT, "stack", None)
+            if recorder._calls is None or (not nested and stack):
                 return send(rows, send_counts, recv_counts, key, direction, *a, **kw)
             kind = _classify(ex, send_counts)
-            stack = getattr(_CURRENT, "stack", None)
             if stack is None:
                 stack = _CURRENT.stack = []
             width = 1

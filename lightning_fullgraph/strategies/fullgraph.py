@@ -135,7 +135,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         overlap (bool): Overlap the synchronous halo exchange with the aggregation of the
             edges whose sources are local (sum aggregations on the kernels; see
             :class:`~lightning_fullgraph.engine.FullGraphEngine`), forward and backward.
-            Default off.
+            Default on.
         step_aside (bool or StepAside): After a few training steps, time the configured
             reductions (boundary sampling, cache, lossy codec, pipeline) against the step
             with each left out, and keep only those that shorten it
@@ -178,7 +178,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
                  cache: Union[None, str, float, HaloCache] = None,
                  pipeline: Union[None, str, AsyncPipeline] = None,
                  boundary_sampling: Union[None, float, BoundarySampling] = None,
-                 overlap: bool = False,
+                 overlap: bool = True,
                  step_aside: Union[bool, StepAside] = False,
                  aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.

@@ -38,10 +38,12 @@ def _measured(engine):
             for k, c in engine.stats.counters.items()}
 
 
-def _run_steps(part, kind, mode, num_features, codec=None):
-    engine = FullGraphEngine(part, aggregation=mode, codec=codec)
+def _run_steps(part, kind, mode, num_features, codec=None, overlap=False):
+    engine = FullGraphEngine(part, aggregation=mode, codec=codec, overlap=overlap)
     model = build(kind, num_features)
     engine.attach(model)
+    if overlap:  # the kernels run the split aggregations that overlap
+        engine.use_kernels("auto")
     data = engine.data
     train, evals = [], []
     for _ in range(TRAIN_STEPS):
@@ -59,11 +61,13 @@ def _run_steps(part, kind, mode, num_features, codec=None):
     return train, evals
 
 
-def _monitor(part, kind, mode, num_features, profile, link, save_link=None):
+def _monitor(part, kind, mode, num_features, profile, link, save_link=None, overlap=False):
     from lightning_fullgraph.callbacks import CommunicationMonitor
-    engine = FullGraphEngine(part, aggregation=mode)
+    engine = FullGraphEngine(part, aggregation=mode, overlap=overlap)
     model = build(kind, num_features)
     engine.attach(model)
+    if overlap:
+        engine.use_kernels("auto")
     logged = {}
     module = SimpleNamespace(log=lambda name, value, **kw: logged.__setitem__(name, value))
     trainer = SimpleNamespace(strategy=SimpleNamespace(engine=engine), datamodule=None,
@@ -87,7 +91,8 @@ def _monitor(part, kind, mode, num_features, profile, link, save_link=None):
         monitor.on_train_epoch_end(trainer, module)
         epochs.append(dict(logged))
     monitor.on_fit_end(trainer, module)
-    assert not any("_send" in ex.__dict__ for ex in engine.exchanges.values())  # unwrapped
+    assert not any("_send" in ex.__dict__ or "_transfer_async" in ex.__dict__
+                   for ex in engine.exchanges.values())  # unwrapped
     engine.detach()
     fitted = monitor.fitted_link.to_dict() if monitor.fitted_link is not None else None
     return dict(epochs=epochs, fitted=fitted)
@@ -101,14 +106,20 @@ def _rank(rank, world_size, profiles, save_link):
             for kind in KINDS for mode in MODES}
     # A lossy codec's wire rows (the compact int2 header: 4 bytes + ceil(F / 4) per row).
     runs[("gcn", "hybrid", CODEC)] = _run_steps(part, "gcn", "hybrid", data.num_features, CODEC)
+    # Overlapped exchanges start their transfers asynchronously: the same bytes.
+    overlapped = {(kind, mode): _run_steps(part, kind, mode, data.num_features, overlap=True)
+                  for kind in KINDS for mode in MODES}
     monitored = {}
     if world_size == 2:  # once: importing Lightning in every rank costs seconds
         monitored = {
             "recorded": _monitor(part, "gcn", "hybrid", data.num_features, None, link),
+            # Recorded from overlapped (asynchronous) transfers.
+            "recorded, overlap": _monitor(part, "sage", "post", data.num_features, None, link,
+                                          overlap=True),
             "profiled": _monitor(part, "sage", "pre", data.num_features,
                                  profiles[("sage", "pre")], "calibrate", save_link),
         }
-    return dict(link=link.to_dict(), runs=runs, monitored=monitored)
+    return dict(link=link.to_dict(), runs=runs, overlapped=overlapped, monitored=monitored)
 
 
 @pytest.mark.multiprocess
@@ -143,6 +154,9 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
             for rank, r in enumerate(results):
                 assert pred.per_key(rank) == r["runs"][case][1][step], \
                     (case, "eval forward", step, rank)
+    for case, (train, evals) in results[0]["overlapped"].items():
+        for rank, r in enumerate(results):
+            assert r["overlapped"][case] == r["runs"][case], (case, "overlap", rank)
     lossy = results[0]["runs"][("gcn", "hybrid", CODEC)][0][-1]
     exact = results[0]["runs"][("gcn", "hybrid")][0][-1]
     assert sum(c["bytes_sent"] for c in lossy.values()) \
