@@ -21,7 +21,7 @@ Usage::
 Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (exact),
 ``int2`` (post rows as int2), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
 ``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``sampling`` (boundary
-sampling p = 0.1), and
+sampling p = 0.1), ``sampling-int2`` (sampled rows as int2), and
 ``+nooverlap`` after any name (overlap is on by default), ``+aside`` (``--step-aside``).
 By default N nodes on fewer cores are dilated (:meth:`EmulatedCluster.dilated`): each node is
 held to ``cores / N`` CPUs and ``rate * cores / N`` of link, so N one-core machines on links
@@ -56,6 +56,7 @@ CONFIGS: Dict[str, List[str]] = {
     "pipeline": ["--aggregation", "post", "--pipeline", "async"],
     "sampling": ["--aggregation", "post", "--boundary-sampling", "0.1"],
     "pipeline-int2": ["--aggregation", "post", "--pipeline", "async", "--codec", "int2"],
+    "sampling-int2": ["--aggregation", "post", "--boundary-sampling", "0.1", "--codec", "int2"],
 }
 MATRIX = dict(models=["gcn", "sage"], configs=list(CONFIGS), rates=["1gbit"], nodes=[4],
               dataset="synthetic:nodes=200000,degree=10", hidden=256, epochs=8, seeds=[0])
