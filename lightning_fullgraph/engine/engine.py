@@ -73,7 +73,7 @@ class FullGraphEngine:
             default none: synchronous).
         sampling (BoundarySampling or float, optional): Boundary node sampling of training
             exchanges (:class:`~.sampling.BoundarySampling` or the kept fraction :math:`p`;
-            default none); combinable with :obj:`cache`, not with :obj:`pipeline`.
+            default none); combinable with :obj:`cache` or :obj:`pipeline`.
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
         loss_reduction (str): ``"mean"`` (default: the loss is a mean over :obj:`loss_mask`,

@@ -18,7 +18,7 @@ compiled model exchanges rows exactly as an eager one.
 """
 import math
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -394,24 +394,35 @@ class HaloExchange:
                         pipeline: AsyncPipeline, channel: str) -> Tensor:
         r"""One training exchange of the asynchronous pipeline (:mod:`~.pipeline`): start
         this step's transfer, return what arrived during the previous step."""
-        n_recv, f = sum(recv_counts), flat.size(1)
-        sk = (channel, key, direction)
+        return self._pipelined(
+            (channel, key, direction), (sum(recv_counts), flat.size(1)), pipeline,
+            lambda: self._transfer_async(flat, send_counts, recv_counts, key, direction,
+                                         levels),
+            lambda: self._transfer(flat, send_counts, recv_counts, key, direction, levels)[0],
+            key, direction)
+
+    def _pipelined(self, sk: Tuple[str, str, str], shape: Tuple[int, int],
+                   pipeline: AsyncPipeline, start: Callable[[], Callable[[], Tensor]],
+                   now: Callable[[], Tensor], key: str, direction: str) -> Tensor:
+        r"""The pipeline's rule for one exchange point and direction :obj:`sk`: hand out the
+        rows of the transfer started last step and :obj:`start` this step's (it returns the
+        function that completes it), or exchange synchronously with :obj:`now` (the first
+        exchange, a bound reached, sync mode).  :obj:`shape` is what either returns."""
         state = self._pipes.get(sk)
-        if state is not None and tuple(state.last.shape) != (n_recv, f):
+        if state is not None and tuple(state.last.shape) != tuple(shape):
             state.drain()
             state = None
         bound = pipeline.max_async_epochs
         if pipeline.mode == "async" and state is not None and (bound == 0 or state.run < bound):
             state.drain()  # the previous step's rows: in flight since then
             stale = state.last
-            state.inflight = self._transfer_async(flat, send_counts, recv_counts, key,
-                                                  direction, levels)
+            state.inflight = start()
             state.run += 1
             self.stats.record_pipeline(key, direction, stale=True)
             return stale
         if state is not None:
             state.drain()  # keep the collectives in order before the synchronous one
-        received, _ = self._transfer(flat, send_counts, recv_counts, key, direction, levels)
+        received = now()
         self._pipes[sk] = PipeState(last=received)
         self.stats.record_pipeline(key, direction, stale=False)
         return received
@@ -493,12 +504,32 @@ class HaloExchange:
         if levels is not None:
             levels = (levels[0].to(mine.device)[mine], levels[1].to(theirs.device)[theirs])
         payload = flat[mine] * scale if direction == "backward" else flat[mine]
-        received, _ = self._transfer(payload, per_peer(mine, counts_out),
-                                     per_peer(theirs, counts_in), key, direction, levels)
-        if direction == "forward":
-            received = received * scale
-        out = flat.new_zeros((theirs.numel(), flat.size(1)))
-        out[theirs] = received.to(out.dtype)
+        sends_kept, recvs_kept = per_peer(mine, counts_out), per_peer(theirs, counts_in)
+
+        def placed(received: Tensor) -> Tensor:
+            # The rows of the kept slots in place, zeros elsewhere: with the pipeline, the
+            # slots its transfer was drawn for (this closure's step), not the next step's.
+            if direction == "forward":
+                received = received * scale
+            out = flat.new_zeros((theirs.numel(), flat.size(1)))
+            out[theirs] = received.to(out.dtype)
+            return out
+
+        def start() -> Callable[[], Tensor]:
+            finish = self._transfer_async(payload, sends_kept, recvs_kept, key, direction,
+                                          levels)
+            return lambda: placed(finish())
+
+        def now() -> Tensor:
+            return placed(self._transfer(payload, sends_kept, recvs_kept, key, direction,
+                                         levels)[0])
+
+        pipeline = self.policy.pipeline
+        if pipeline is not None:  # the previous step's sample, one step stale
+            out = self._pipelined((channel, key, direction), (theirs.numel(), flat.size(1)),
+                                  pipeline, start, now, key, direction)
+        else:
+            out = now()
         self.stats.record_cache(key, direction, eligible=mine.numel(),
                                 skipped=mine.numel() - int(mine.sum()))
         return out.reshape((out.size(0), ) + tuple(rows.shape[1:]))

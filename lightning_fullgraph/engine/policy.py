@@ -43,8 +43,8 @@ class ExchangePolicy:
             default none (synchronous).  It cannot be combined with a cache yet.
         sampling (BoundarySampling or float, optional): Boundary node sampling of training
             exchanges (:class:`~.sampling.BoundarySampling` or its rate :math:`p`); default
-            none.  With a cache, the cache chooses among each step's kept rows; it cannot
-            be combined with a pipeline yet.
+            none.  With a cache, the cache chooses among each step's kept rows; with a
+            pipeline, a step receives the rows of the previous step's sample.
     """
 
     def __init__(self, codec: Optional[Codec] = None, *, forward: Optional[Codec] = None,
@@ -72,10 +72,6 @@ class ExchangePolicy:
             raise ValueError("an asynchronous pipeline and a halo cache cannot be combined yet "
                              "(the cache's mirror assumes the receiver applies each update at "
                              "once); choose one")
-        if self.sampling is not None and self.pipeline is not None:
-            raise ValueError("boundary sampling cannot be combined with an asynchronous "
-                             "pipeline yet (the pipeline hands out the previous step's rows, "
-                             "sampling a different set every step); choose one")
 
     def _replace(self, **attrs: Any) -> "ExchangePolicy":
         copy = ExchangePolicy.__new__(ExchangePolicy)
