@@ -26,7 +26,9 @@ sampling p = 0.1), ``sampling-int2`` (sampled rows as int2), and
 By default N nodes on fewer cores are dilated (:meth:`EmulatedCluster.dilated`): each node is
 held to ``cores / N`` CPUs and ``rate * cores / N`` of link, so N one-core machines on links
 of ``rate`` are emulated with every time stretched by ``N / cores`` (in the JSON:
-``dilation``); ``--no-dilate`` lets the nodes share the cores freely.  Read ratios.
+``dilation``); ``--node-cores K`` emulates K-core machines (ranks run K threads, time is
+stretched K times more, the link slowed as much); ``--no-dilate`` lets the nodes share the
+cores freely.  Read ratios.
 
 Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the current
 directory) and, with ``--plot``, a figure of step time per configuration and model.
@@ -87,8 +89,10 @@ def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Na
             str(opts.epochs), "--val-every", "1", "--seed", str(seed), "--num-nodes",
             str(cluster.nodes), "--devices", "1", "--json", "--timeout", "600",
             "--cache-dir", str(opts.cache_dir), *config_args(config)]
-    env = dict(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1)
-                                                            // cluster.nodes)))
+    # A rank runs as many threads as its emulated machine has cores (a dilated cluster), or
+    # its share of this machine's.
+    threads = cluster.node_cores or max(1, (os.cpu_count() or 1) // cluster.nodes)
+    env = dict(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
     start = time.perf_counter()
     procs = cluster.torchrun(args, env=env, port=port, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -205,6 +209,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--no-dilate", dest="dilate", action="store_false",
                    help="let the nodes share the cores freely instead of emulating one-core "
                         "machines by time dilation (EmulatedCluster.dilated)")
+    p.add_argument("--node-cores", type=int, default=1,
+                   help="cores of each emulated machine (dilated: each node still gets its "
+                        "share of this machine's cores, and time is stretched by as much "
+                        "more; ranks run this many threads; default 1)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--reference", default="post",
@@ -229,7 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for nodes in opts.nodes:
         for rate in opts.rates:
             if opts.dilate and rate != "none":
-                cluster = EmulatedCluster.dilated(nodes, rate)
+                cluster = EmulatedCluster.dilated(nodes, rate, node_cores=opts.node_cores)
             else:
                 cluster = EmulatedCluster(nodes, None if rate == "none" else rate)
             print(f"[cluster] {nodes} nodes, links {cluster.rate}, cpus per node "
@@ -244,6 +252,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                             summary = run_job(cluster, model, config, opts, seed, port)
                             rows.append(summarize(summary, model, config, rate, nodes, seed))
                             rows[-1]["dilation"] = cluster.dilation
+                            rows[-1]["node_cores"] = cluster.node_cores
     derive(rows, opts.reference)
     print(table(rows))
     out = Path(opts.json_out or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}.json")

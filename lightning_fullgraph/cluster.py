@@ -137,22 +137,36 @@ class EmulatedCluster:
         self._up = False
 
     @classmethod
-    def dilated(cls, nodes: int, rate: str, cores: Optional[int] = None,
+    def dilated(cls, nodes: int, rate: str, cores: Optional[int] = None, node_cores: int = 1,
                 **kwargs) -> "EmulatedCluster":
-        r""":obj:`nodes` one-core machines on links of :obj:`rate`, emulated on :obj:`cores`
-        cores (default: this machine's): when there are more nodes than cores, each node gets
-        ``cores / nodes`` CPUs and ``rate * cores / nodes`` of link, so every time is
-        stretched by :attr:`dilation` ``= nodes / cores`` and ratios are kept.  Run one
-        single-threaded rank per node (``OMP_NUM_THREADS=1``)."""
+        r""":obj:`nodes` machines of :obj:`node_cores` cores on links of :obj:`rate`, emulated
+        on :obj:`cores` cores (default: this machine's).  Each node gets ``min(node_cores,
+        cores / nodes)`` CPUs; where that is fewer than :obj:`node_cores`, every time is
+        stretched by :attr:`dilation` ``= node_cores / CPUs`` and the link slowed by as much,
+        so ratios are kept.  Run ranks with :obj:`node_cores` threads
+        (``OMP_NUM_THREADS``): the emulation assumes they use the cores as a machine's
+        would (a thread count the node cannot run in parallel shares its quota).
+
+        Args:
+            nodes (int): Machines.
+            rate (str): Their links' rate, e.g. ``"1gbit"``.
+            cores (int, optional): This machine's cores to spread over the nodes.
+            node_cores (int): Cores of each emulated machine. (default: :obj:`1`)
+        """
         cores = int(cores or os.cpu_count() or 1)
-        factor = max(1.0, nodes / cores)
-        cluster = cls(nodes, f"{parse_rate(rate) / factor:.0f}bit", cpus=1.0 / factor,
-                      **kwargs)
+        if int(node_cores) < 1:
+            raise ValueError(f"node_cores must be at least 1, got {node_cores}")
+        real = min(float(node_cores), cores / nodes)
+        factor = max(1.0, node_cores / real)
+        cluster = cls(nodes, f"{parse_rate(rate) / factor:.0f}bit", cpus=real, **kwargs)
         cluster.dilation = factor
+        cluster.node_cores = int(node_cores)
         return cluster
 
     #: How much slower than the emulated cluster every time runs (see :meth:`dilated`).
     dilation: float = 1.0
+    #: Cores of each emulated machine (see :meth:`dilated`; ``None``: not emulated).
+    node_cores: Optional[int] = None
 
     # -- names ---------------------------------------------------------------------------------
     def namespace(self, node: int) -> str:

@@ -36,6 +36,14 @@ def test_a_dilated_cluster_emulates_one_core_machines():
     assert (cluster.dilation, cluster.cpus, cluster.rate_bits) == (2.0, 0.5, 5e8)
     cluster = EmulatedCluster.dilated(2, "1gbit", cores=8)
     assert (cluster.dilation, cluster.cpus, cluster.rate_bits) == (1.0, 1.0, 1e9)
+    # Two-core machines: still half a CPU each, so every time runs four times as long.
+    cluster = EmulatedCluster.dilated(4, "1gbit", cores=2, node_cores=2)
+    assert (cluster.dilation, cluster.cpus, cluster.rate_bits, cluster.node_cores) == \
+        (4.0, 0.5, 2.5e8, 2)
+    cluster = EmulatedCluster.dilated(2, "1gbit", cores=8, node_cores=2)
+    assert (cluster.dilation, cluster.cpus, cluster.rate_bits) == (1.0, 2.0, 1e9)
+    with pytest.raises(ValueError, match="node_cores"):
+        EmulatedCluster.dilated(2, "1gbit", node_cores=0)
     with pytest.raises(ValueError, match="cpus must be a positive number"):
         EmulatedCluster(2, "1gbit", cpus=0)
 

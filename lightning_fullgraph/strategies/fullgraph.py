@@ -157,8 +157,9 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             processes and the wait while rank 0 partitions the graph.  Kept apart from
             :obj:`timeout` so a short dead-peer timeout does not fail start-up on a loaded
             machine.
-        num_threads (int, optional): Torch intra-op threads per rank (default: the
-            node's cores divided by the processes on it).
+        num_threads (int, optional): Torch intra-op threads per rank (default:
+            ``$OMP_NUM_THREADS`` where it is set, e.g. by ``torchrun``, else the node's cores
+            divided by the processes on it).
         log_communication (bool): Add a
             :class:`~lightning_fullgraph.callbacks.CommunicationMonitor` unless one is set.
         **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`:
@@ -232,7 +233,8 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         atexit.register(_close_process_group)
         if self.root_device.type == "cpu":
             # Processes on one node share its cores; oversubscription slows every rank.
-            threads = self.num_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
+            threads = self.num_threads or _omp_threads() or max(
+                1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(threads)
         self._add_callbacks()
         if self.kernels in ("auto", "cpp") and self.root_device.type == "cpu":
@@ -517,3 +519,10 @@ _OWN_ARGUMENTS = ("loss_mask", "loss_reduction", "trusted_layers", "sync_batchno
                   "log_communication")
 
 FullGraphStrategy.register_strategies(StrategyRegistry)
+
+
+def _omp_threads() -> Optional[int]:
+    r"""The thread count ``$OMP_NUM_THREADS`` asks for (a launcher's or the user's choice:
+    an emulated one-core node must not run two threads), or ``None``."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
