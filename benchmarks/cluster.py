@@ -117,13 +117,14 @@ def time_to(trace: List[List[float]], target: float) -> Optional[float]:
 
 def derive(rows: List[Dict[str, Any]], reference: str = "post") -> None:
     r"""Adds ratios against exact post (the :obj:`reference` configuration) of the same model,
-    rate and node count, in place."""
+    rate, node count and seed (any seed's where the seed's own is missing), in place."""
     for row in rows:
         ref = [r for r in rows if r["config"] == reference and r["model"] == row["model"]
                and r["rate"] == row["rate"] and r["nodes"] == row["nodes"]]
         if not ref:
             continue
-        base = ref[0]
+        same_seed = [r for r in ref if r.get("seed") == row.get("seed")]
+        base = (same_seed or ref)[0]
         row["step_vs_post"] = row["step_s"] / base["step_s"] if base["step_s"] else None
         best = max(acc for _, _, acc in base["val_trace"]) if base["val_trace"] else None
         if best is not None:
