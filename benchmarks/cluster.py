@@ -9,7 +9,11 @@ training step, the exchange seconds per epoch (time blocked in halo exchanges: w
 the asynchronous pipeline only what was not hidden), bytes per epoch per rank, the accuracy
 curve (validation accuracy against training seconds) and the final test accuracy, and from
 them the step ratio against exact post-aggregation of the same model and link, and the time
-to 95 % of the exact run's best validation accuracy.
+to 95 % of the exact run's best validation accuracy.  With the link calibrated at each job's
+fit start (``train --link calibrate``; ``--no-predict`` skips it), it also records the
+planner's step: the reference run's measured compute (its training step without its
+exchanges) plus the configuration's predicted exchange and codec seconds, and its ratio to
+the measured step (no exchange is assumed hidden; boundary sampling is not predicted).
 
 Usage::
 
@@ -20,6 +24,7 @@ Usage::
 
 Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (exact),
 ``int2`` (post rows as int2), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
+``cache-int2c-budgeted`` (the same in one collective per exchange),
 ``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``sampling`` (boundary
 sampling p = 0.1), ``sampling-int2`` (sampled rows as int2), and
 ``+nooverlap`` after any name (overlap is on by default), ``+aside`` (``--step-aside``).
@@ -55,6 +60,8 @@ CONFIGS: Dict[str, List[str]] = {
     "hybrid": ["--aggregation", "hybrid"],
     "int2": ["--aggregation", "post", "--codec", "int2"],
     "cache-int2c": ["--aggregation", "post", "--codec", "int2-compact", "--cache", "adaptive"],
+    "cache-int2c-budgeted": ["--aggregation", "post", "--codec", "int2-compact", "--cache",
+                             "budgeted"],
     "pipeline": ["--aggregation", "post", "--pipeline", "async"],
     "sampling": ["--aggregation", "post", "--boundary-sampling", "0.1"],
     "pipeline-int2": ["--aggregation", "post", "--pipeline", "async", "--codec", "int2"],
@@ -89,6 +96,8 @@ def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Na
             str(opts.epochs), "--val-every", "1", "--seed", str(seed), "--num-nodes",
             str(cluster.nodes), "--devices", "1", "--json", "--timeout", "600",
             "--cache-dir", str(opts.cache_dir), *config_args(config)]
+    if opts.predict:  # the planner's exchange and codec seconds per step, on the shaped link
+        args += ["--link", "calibrate"]
     # A rank runs as many threads as its emulated machine has cores (a dilated cluster), or
     # its share of this machine's.
     threads = cluster.node_cores or max(1, (os.cpu_count() or 1) // cluster.nodes)
@@ -126,6 +135,14 @@ def derive(rows: List[Dict[str, Any]], reference: str = "post") -> None:
         same_seed = [r for r in ref if r.get("seed") == row.get("seed")]
         base = (same_seed or ref)[0]
         row["step_vs_post"] = row["step_s"] / base["step_s"] if base["step_s"] else None
+        # The planner's step: the reference run's measured compute (its step without its
+        # exchanges) plus this configuration's predicted exchange and codec seconds.
+        compute = base.get("step_compute_s")
+        if compute is not None and row.get("predicted_exchange_s") is not None:
+            row["predicted_step_s"] = compute + row["predicted_exchange_s"] \
+                + (row.get("predicted_codec_s") or 0.0)
+            row["predicted_vs_measured"] = row["predicted_step_s"] / row["step_s"] \
+                if row["step_s"] else None
         best = max(acc for _, _, acc in base["val_trace"]) if base["val_trace"] else None
         if best is not None:
             target = 0.95 * best
@@ -147,6 +164,10 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 step_s_all=summary["train_step_seconds"], per_epoch=per_epoch,
                 step_aside=summary.get("step_aside"),
                 compute_s=summary["compute_s_per_epoch"],
+                step_exchange_s=summary.get("train_step_exchange_seconds"),
+                step_compute_s=summary.get("train_step_compute_seconds"),
+                predicted_exchange_s=summary.get("predicted_step_exchange_seconds"),
+                predicted_codec_s=summary.get("predicted_step_codec_seconds"),
                 sent_MB=summary["comm_MB_per_epoch_per_rank"],
                 test_acc=summary["test_acc"], val_trace=summary["val_trace"],
                 fit_s=summary["fit_seconds"], wall_s=summary["wall_s"])
@@ -159,7 +180,8 @@ def _second_half_median(values: List[float]) -> Optional[float]:
 
 def table(rows: List[Dict[str, Any]]) -> str:
     head = (f"{'model':<6} {'config':<18} {'rate':>7} {'N':>2} {'step s':>8} {'vs post':>8} "
-            f"{'exch s':>8} {'MB/ep':>9} {'test %':>7} {'t95 s':>7} {'t95 x':>6}")
+            f"{'exch s':>8} {'MB/ep':>9} {'test %':>7} {'t95 s':>7} {'t95 x':>6} "
+            f"{'pred s':>7} {'pred/m':>6}")
     lines = [head, "-" * len(head)]
     for r in rows:
         def f(v, spec):
@@ -168,7 +190,9 @@ def table(rows: List[Dict[str, Any]]) -> str:
                      f"{f(r['step_s'], '8.3f')} {f(r.get('step_vs_post'), '8.2f')} "
                      f"{f(r['exchange_s'], '8.3f')} {f(r['sent_MB'], '9.2f')} "
                      f"{f(100 * r['test_acc'], '7.2f')} {f(r.get('time_to_95pct_s'), '7.1f')} "
-                     f"{f(r.get('time_to_95pct_speedup'), '6.2f')}")
+                     f"{f(r.get('time_to_95pct_speedup'), '6.2f')} "
+                     f"{f(r.get('predicted_step_s'), '7.3f')} "
+                     f"{f(r.get('predicted_vs_measured'), '6.2f')}")
     return "\n".join(lines)
 
 
@@ -214,6 +238,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="cores of each emulated machine (dilated: each node still gets its "
                         "share of this machine's cores, and time is stretched by as much "
                         "more; ranks run this many threads; default 1)")
+    p.add_argument("--no-predict", dest="predict", action="store_false",
+                   help="skip the planner's step prediction (each job calibrates the link "
+                        "at fit start for it: a few seconds)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--reference", default="post",

@@ -169,11 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "starting at 1) from the loss-descent rate of all ranks (SYLVIE; the "
                         "AdaptiveBitWidth callback); needs --codec int1/int2/int4/int8 or "
                         "adaptive")
-    t.add_argument("--cache", default="none", metavar="{none,adaptive,EPSILON}",
+    t.add_argument("--cache", default="none", metavar="{none,adaptive,budgeted,EPSILON}",
                    help="adaptive halo cache (CDFGNN): resend a row or gradient only when it "
                         "moved by more than a relative threshold; 'adaptive' adapts the "
                         "threshold from the training accuracy (AdaptiveCacheThreshold, "
-                        "starting at 0.01), a number fixes it (0 is exact); default none")
+                        "starting at 0.01), 'budgeted' too, in one collective per exchange "
+                        "(row counts agreed a step ahead), a number fixes it (0 is exact); "
+                        "default none")
     t.add_argument("--pipeline", default="sync", choices=["sync", "async", "adaptive"],
                    help="halo exchange pipeline: 'sync' (default, exact), 'async' (PipeGCN: "
                         "halo rows and gradients one epoch stale while this epoch's are in "
@@ -207,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the latency/bandwidth fitted to this run's exchanges (the link "
                         "as training meets it; --strategy fullgraph, more than one process), "
                         "for 'plan --link FILE.json'")
+    t.add_argument("--link", default=None, metavar="calibrate|FILE.json",
+                   help="predict the exchange and codec seconds of each training step on this "
+                        "link: 'calibrate' measures it at fit start (ping-pong collectives "
+                        "and the codec, a few seconds), or a file written by --save-link "
+                        "(--strategy fullgraph)")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
     # main() refuses, with this parser's usage, the options the chosen strategy would ignore.
     t.set_defaults(command_parser=t)
@@ -256,7 +263,7 @@ def _train_option_scope(args) -> List[Tuple[str, str]]:
         (fullgraph, "--strategy fullgraph",
          ("aggregation", "codec", "cache", "pipeline", "overlap", "step_aside",
           "boundary_sampling",
-          "kernels", "huge_pages", "cache_dir")),
+          "kernels", "huge_pages", "cache_dir", "link")),
         (fourd, "--strategy 4d", ("dp", "grid", "bf16_comm", "steps_per_epoch")),
         (not pyg, "--strategy fullgraph or 4d", ("timeout", "startup_timeout")),
         (fourd or neighbor, "--strategy 4d or --strategy pyg --loader neighbor",
@@ -527,11 +534,12 @@ def _train(args) -> int:
                                      boundary_sampling=args.boundary_sampling,
                                      overlap=args.overlap, step_aside=args.step_aside,
                                      startup_timeout=args.startup_timeout)
-        devices, callbacks = args.devices, [CommunicationMonitor(save_link=args.save_link)]
+        devices, callbacks = args.devices, [CommunicationMonitor(save_link=args.save_link,
+                                                             link=_train_link(args.link))]
         if args.adaptive_bits:
             from .callbacks import AdaptiveBitWidth
             callbacks.append(AdaptiveBitWidth())
-        if args.cache == "adaptive":
+        if args.cache in ("adaptive", "budgeted"):
             from .callbacks import AdaptiveCacheThreshold
             callbacks.append(AdaptiveCacheThreshold())
         if args.pipeline == "adaptive":
@@ -629,6 +637,12 @@ def _train(args) -> int:
         "rows_skipped_frac_forward": comm.get("comm/rows_skipped_frac_forward"),
         "rows_skipped_frac_backward": comm.get("comm/rows_skipped_frac_backward"),
         "exchange_s_per_epoch": comm.get("comm/exchange_s"),
+        # The training steps alone (rank 0, median over epochs): exchange and the rest.
+        "train_step_exchange_seconds": _median_step(callbacks, "comm/step_exchange_s"),
+        "train_step_compute_seconds": _median_step(callbacks, "comm/step_compute_s"),
+        # The planner's step terms on --link (last epoch: the calls are recorded by then).
+        "predicted_step_exchange_seconds": last.get("comm/predicted_step_exchange_s"),
+        "predicted_step_codec_seconds": last.get("comm/predicted_step_codec_s"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }
     if trainer.global_rank == 0:
@@ -697,8 +711,16 @@ def _peak_rss_mib() -> Optional[float]:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def _median_step(callbacks) -> Optional[float]:
-    steps = [h["comm/step_s"] for h in callbacks[0].history] if callbacks else []
+def _train_link(value: Optional[str]):
+    r"""``train --link``: ``None``, ``"calibrate"`` or the :class:`LinkModel` in a file."""
+    if value is None or value == "calibrate":
+        return value
+    from .planner.link import LinkModel
+    return LinkModel.load(value)
+
+
+def _median_step(callbacks, name: str = "comm/step_s") -> Optional[float]:
+    steps = [h[name] for h in callbacks[0].history if name in h] if callbacks else []
     return round(sorted(steps)[len(steps) // 2], 5) if steps else None
 
 

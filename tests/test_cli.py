@@ -70,7 +70,7 @@ def test_train_json_on_two_processes(tmp_path):
                  "--cache-dir", str(tmp_path / "cache"), "--out", str(other)]) == 0
     link_file = tmp_path / "fitted-link.json"
     proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "20", "--json",
-                "--aggregation", "pre", "--save-link", str(link_file),
+                "--aggregation", "pre", "--save-link", str(link_file), "--link", "calibrate",
                 LIGHTNING_FULLGRAPH_PARTITION_DIR=str(other))
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)  # stdout is the JSON document and nothing else
@@ -84,6 +84,12 @@ def test_train_json_on_two_processes(tmp_path):
     link = LinkModel.load(link_file)
     assert (link.source, link.world_size) == ("training", 2) and link.samples
     assert "link fitted to the run's exchanges" in proc.stderr
+    # --link calibrate: the planner's step terms on the measured link (no codec: no codec
+    # time), next to the training steps' measured exchange and compute.
+    assert summary["predicted_step_exchange_seconds"] > 0
+    assert summary["predicted_step_codec_seconds"] == 0.0
+    assert 0 < summary["train_step_exchange_seconds"] < summary["train_step_seconds"]
+    assert 0 < summary["train_step_compute_seconds"] < summary["train_step_seconds"]
     from lightning_fullgraph.kernels import huge_pages
     if huge_pages._why_not() is None and not huge_pages._torch_does_it():
         assert summary["huge_pages"] is True  # the default with the CPU kernels
@@ -245,14 +251,15 @@ def test_options_the_strategy_would_ignore_are_refused(capsys):
     # argparse's error (usage, exit status 2), naming every ignored option and what it needs;
     # before, --strategy 4d trained and reported "codec": null.
     fullgraph_only = ["--codec", "int2", "--cache", "0.1", "--pipeline", "async",
-                      "--boundary-sampling", "0.5", "--no-overlap", "--aggregation", "post"]
+                      "--boundary-sampling", "0.5", "--no-overlap", "--aggregation", "post",
+                      "--link", "calibrate"]
     with pytest.raises(SystemExit) as info:
         main(["train", "--strategy", "4d", "--model", "scalegnn", *fullgraph_only])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: lightning-fullgraph train")
-    assert ("--aggregation, --codec, --cache, --pipeline, --no-overlap and --boundary-sampling "
-            "apply only with --strategy fullgraph (got --strategy 4d --model scalegnn)") in err
+    assert ("--aggregation, --codec, --cache, --pipeline, --no-overlap, --boundary-sampling "
+            "and --link apply only with --strategy fullgraph (got --strategy 4d --model scalegnn)") in err
     with pytest.raises(SystemExit) as info:
         main(["train", "--grid", "2,1,1", "--dp", "2", "--bf16-comm", "--steps-per-epoch", "3"])
     assert info.value.code == 2

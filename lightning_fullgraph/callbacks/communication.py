@@ -24,7 +24,9 @@ class CommunicationMonitor(Callback):
     ``comm/sent_MB``, ``comm/received_MB``, ``comm/inter_host_sent_MB`` (the part of
     the sent bytes that went to other machines), ``comm/exchange_s`` (seconds inside
     the exchange), ``comm/compute_s`` (rest of the training step), ``comm/step_s``
-    (the whole training step: forward, backward, optimizer), and per layer
+    (the whole training step: forward, backward, optimizer), ``comm/step_exchange_s`` and
+    ``comm/step_compute_s`` (the training steps' own exchange and the rest; ``exchange_s``
+    also counts validation's forward exchanges), and per layer
     ``comm/layer/<name>_MB``, and ``comm/bits``, the mean bits per feature of the forward rows
     as they were sent, headers aside (32 exact fp32, 16 bfloat16, 1-8 quantized; between for a
     per-node codec such as ``"adaptive"``); with an adaptive halo cache,
@@ -59,7 +61,12 @@ class CommunicationMonitor(Callback):
     epoch: ``comm/predicted_sent_MB`` (mean over ranks, and ``_max``) and
     ``comm/predicted_received_MB`` from the engine's aggregation plans and the model's
     exchange calls, and, with a :obj:`link`, ``comm/predicted_exchange_s`` (SuperGCN's model:
-    per exchange, latency per peer plus the busiest rank's bytes over the bandwidth).  The
+    per exchange, latency per peer plus the busiest rank's bytes over the bandwidth), and for
+    one steady training step ``comm/predicted_step_exchange_s`` and
+    ``comm/predicted_step_codec_s`` (encoding and decoding at the link's measured codec
+    throughput): added to the step's compute (``comm/step_compute_s``, the training step
+    without its exchanges, measured), they are the planner's step time
+    (:meth:`~lightning_fullgraph.planner.tracker.PredictionTracker.step_seconds`).  The
     exchange calls come from :obj:`profile` (:func:`~lightning_fullgraph.planner.profile_model`
     of the model before fit) or, without one, are recorded from the run's own steps (no
     collective is added either way; only ``link="calibrate"`` measures the link at fit start,
@@ -103,6 +110,8 @@ class CommunicationMonitor(Callback):
         self._reduced: List[Dict[str, float]] = []
         self._step_start: Optional[float] = None
         self._step_seconds = 0.0
+        self._step_exchange = 0.0  # exchange seconds inside training steps (not validation)
+        self._exchange_at_start = 0.0
         self._ddp_bytes: Optional[_AllReduceBytes] = None
 
     @staticmethod
@@ -151,12 +160,15 @@ class CommunicationMonitor(Callback):
             pmm.reset_bytes()
         elif self._ddp_bytes is not None:
             self._ddp_bytes.payload = 0
-        self._step_seconds = 0.0
+        self._step_seconds = self._step_exchange = 0.0
         if self.predictor is not None:
             self.predictor.epoch_start()
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         self._step_start = time.perf_counter()
+        engine = self._engine(trainer)
+        if engine is not None:
+            self._exchange_at_start = engine.stats.total().seconds
         if self.predictor is not None:
             self.predictor.step_start("train")
 
@@ -164,6 +176,9 @@ class CommunicationMonitor(Callback):
                            batch_idx: int) -> None:
         if self._step_start is not None:
             self._step_seconds += time.perf_counter() - self._step_start
+            engine = self._engine(trainer)
+            if engine is not None:
+                self._step_exchange += engine.stats.total().seconds - self._exchange_at_start
         if self.predictor is not None:
             self.predictor.step_end("train")
 
@@ -235,6 +250,9 @@ class CommunicationMonitor(Callback):
             "comm/exchange_s": total.seconds,
             "comm/compute_s": max(0.0, self._step_seconds - total.seconds),
             "comm/step_s": self._step_seconds,
+            # The training steps alone (comm/exchange_s counts validation's exchanges too).
+            "comm/step_exchange_s": self._step_exchange,
+            "comm/step_compute_s": max(0.0, self._step_seconds - self._step_exchange),
         }
         if total.rows_eligible:
             # The adaptive halo cache: the share of the rows it could have sent that the
@@ -263,6 +281,9 @@ class CommunicationMonitor(Callback):
         names = sorted(local)
         values = torch.tensor([local[n] for n in names], dtype=torch.float64)
         extra = call_seconds if call_seconds is not None else torch.zeros(0, dtype=torch.float64)
+        step_seconds = self.predictor.step_seconds() if call_seconds is not None else None
+        if step_seconds is not None:
+            extra = torch.cat([extra, step_seconds])
         distributed = dist.is_initialized() and dist.get_world_size() > 1
         observed = self.predictor.observation_vector(stats) \
             if self.predictor is not None and distributed else None
@@ -286,6 +307,10 @@ class CommunicationMonitor(Callback):
         if call_seconds is not None:
             metrics["comm/predicted_exchange_s"] = \
                 peak[len(names):len(names) + len(call_seconds)].sum().item()
+            start = len(names) + len(call_seconds)
+            step = peak[start:start + len(step_seconds)].view(-1, 2).sum(0).tolist()
+            metrics["comm/predicted_step_exchange_s"] = step[0]
+            metrics["comm/predicted_step_codec_s"] = step[1]
         if observed is not None:
             fitted = self.predictor.observe(peak[len(peak) - len(observed):])
             if fitted is not None:

@@ -46,10 +46,19 @@ class HaloCache:
         max_age (int): A row is sent at the latest after this many exchanges without it
             (bounded staleness).
         directions (Sequence[str]): ``"forward"`` (rows), ``"backward"`` (gradients) or both.
+        budgeted (bool): One collective per exchange instead of two: each rank sends each
+            peer exactly the number of rows it announced in the previous exchange, the most
+            changed ones, with the bitmask and the next budget in the same buffer
+            (:meth:`~.exchange.HaloExchange._send_budgeted`).  It saves the bitmask's round
+            trip; in exchange a row over the threshold may wait while more rows moved than
+            the budget allows (:obj:`max_age` still bounds every row).  Lossy caches
+            (:math:`\epsilon > 0`) with fixed-width codecs and without boundary sampling; the
+            others keep the bitmask's own collective. (default: :obj:`False`)
     """
 
     def __init__(self, epsilon: float = 0.01, max_age: int = 20,
-                 directions: Sequence[str] = DIRECTIONS) -> None:
+                 directions: Sequence[str] = DIRECTIONS, budgeted: bool = False) -> None:
+        self.budgeted = bool(budgeted)
         self.epsilon = epsilon
         if int(max_age) < 1:
             raise ValueError(f"HaloCache: max_age must be at least 1, got {max_age}")
@@ -87,6 +96,8 @@ class HaloCache:
                 return None
             if text in ("adaptive", "on", "yes"):
                 return cls()
+            if text == "budgeted":
+                return cls(budgeted=True)
             try:
                 return cls(float(text))
             except ValueError:
@@ -107,7 +118,7 @@ class HaloCache:
 
     def state_dict(self) -> dict:
         return {"epsilon": self.epsilon, "max_age": self.max_age,
-                "directions": list(self.directions)}
+                "directions": list(self.directions), "budgeted": self.budgeted}
 
     def __repr__(self) -> str:
         return f"HaloCache(epsilon={self.epsilon:g}, max_age={self.max_age}, " \
@@ -133,6 +144,10 @@ class CacheState:
         # kept some out of every exchange so far).
         self.known = torch.zeros(num_send, dtype=torch.bool, device=device)
         self.fresh = True  # nothing exchanged yet: every row goes
+        # Rows this rank sends each peer in the next exchange, and receives from each (the
+        # budgets of a one-collective exchange, announced a step ahead; None: not in use).
+        self.budget: Optional[List[int]] = None
+        self.expect: Optional[List[int]] = None
 
     def matches(self, num_send: int, num_recv: int, num_features: int,
                 dtype: torch.dtype) -> bool:

@@ -566,6 +566,11 @@ class HaloExchange:
             state = CacheState(n_send, n_recv, f, flat.dtype, flat.device)
             self._cache_states[(channel, key, direction)] = state
         mine, theirs = kept if kept is not None else (None, None)
+        codec = self.policy.codec(key, direction)
+        if cache.budgeted and not state.fresh and state.budget is not None and kept is None \
+                and not cache.lossless and not getattr(codec, "per_node", False):
+            return self._send_budgeted(flat, send_counts, recv_counts, key, direction, state,
+                                       cache, codec)
         if state.fresh:  # both ends know: every (kept) row goes, no bitmask
             sel = torch.ones(n_send, dtype=torch.bool, device=flat.device) if mine is None \
                 else mine.clone()
@@ -603,10 +608,108 @@ class HaloExchange:
         state.age += 1
         state.age[sel] = 0
         state.known |= sel
+        if state.fresh and kept is None and cache.budgeted:
+            # Every row went: the next exchange may send up to all of them (budgets that
+            # both ends know without a word; later ones are announced a step ahead).
+            state.budget, state.expect = list(send_counts), list(recv_counts)
         state.fresh = False
         self.stats.record_cache(key, direction, eligible=n_send,
                                 skipped=n_send - int(sel.sum()))
         return state.held.clone()  # autograd keeps the output; the cache changes next step
+
+    def _send_budgeted(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
+                       key: str, direction: str, state: CacheState, cache: HaloCache,
+                       codec: Codec) -> Tensor:
+        r"""A cached exchange in one collective: the bitmask, the rows and the next budget in
+        one byte buffer per peer.
+
+        The receiver must know how many bytes arrive before they do, and a threshold decides
+        the rows only when they are there: a second collective (the bitmask first, as in
+        :meth:`_send_cached`'s other path) costs a round trip per exchange.  Instead each
+        sender sends every peer exactly the number of rows it announced in the previous
+        exchange (its *budget*), the rows that changed most: those that reached
+        :attr:`HaloCache.max_age`, were never sent or are not finite first, then by relative
+        change.  It announces the next budget as the rows over the threshold now plus the
+        rows about to reach the age bound.  Cost: a row over the threshold may wait one
+        exchange when more rows changed than the budget allows (never a row the age bound
+        forces, as those are budgeted ahead), a budget larger than needed sends the next
+        most-changed rows (no error, some bytes), and four bytes per peer.  Per peer the
+        buffer holds ``[next budget: int32][bitmask][budget rows on the codec's wire]``."""
+        n_send, n_recv, f = flat.size(0), sum(recv_counts), flat.size(1)
+        diff = flat - state.mirror
+        change = diff.abs().amax(dim=1) if f else torch.zeros(n_send, device=flat.device)
+        scale = flat.abs().amax(dim=1).clamp_min(1e-12) if f else torch.ones_like(change)
+        finite = torch.isfinite(change)
+        forced = (state.age >= cache.max_age) | ~finite | ~state.known
+        over = forced | (change > cache.epsilon * scale)
+        score = torch.where(forced, torch.full_like(change, math.inf),
+                            torch.where(finite, change / scale, torch.zeros_like(change)))
+        sel = torch.zeros(n_send, dtype=torch.bool, device=flat.device)
+        start = 0
+        for n, k in zip(send_counts, state.budget):
+            if k > 0:
+                sel[start + torch.topk(score[start:start + n], min(k, n)).indices] = True
+            start += n
+        ageing = ~sel & (state.age + 1 >= cache.max_age)
+        upcoming = [min(n, a + b) for n, a, b in zip(
+            send_counts, per_peer(over, send_counts), per_peer(ageing, send_counts))]
+        lossless = codec.lossless
+        payload = flat[sel] if lossless else diff[sel]
+        wire_dtype, row_shape, row_bytes = self._wire_format(codec, key, direction, flat)
+        ctx = self._context(key, direction, flat)
+        self._record_wire(codec, payload, key, direction, None)
+        wire = codec.encode(payload, ctx) if payload.size(0) else None
+        sent_rows = per_peer(sel, send_counts)
+        masks = pack_mask(sel, send_counts).split(mask_bytes(send_counts))
+        rows = (wire.contiguous().view(torch.uint8).reshape(-1) if wire is not None
+                else torch.zeros(0, dtype=torch.uint8, device=flat.device)).split(
+                    [k * row_bytes for k in sent_rows])
+        heads = torch.tensor(upcoming, dtype=torch.int32).view(torch.uint8).view(-1, 4)
+        pieces = [t for j in range(len(send_counts))
+                  for t in (heads[j].to(flat.device), masks[j], rows[j])]
+        recv_masks = mask_bytes(recv_counts)
+        received = self.transport.exchange(
+            torch.cat(pieces), [4 + m + k * row_bytes for m, k in zip(mask_bytes(send_counts),
+                                                                       sent_rows)],
+            [4 + m + k * row_bytes for m, k in zip(recv_masks, state.expect)],
+            key=key, direction=direction, unit="bytes",
+            rows=(int(sel.sum()), sum(state.expect)))
+        parts = received.split([4 + m + k * row_bytes
+                                for m, k in zip(recv_masks, state.expect)])
+        expect = [int(p[:4].cpu().clone().view(torch.int32)) for p in parts]
+        recv_sel = unpack_mask(torch.cat([p[4:4 + m] for p, m in zip(parts, recv_masks)]),
+                               recv_counts)
+        got = per_peer(recv_sel, recv_counts)
+        if got != state.expect:  # both ends follow the same rule: a bug, never a user's error
+            raise RuntimeError(f"exchange '{key}' ({direction}): the cache's bitmasks hold "
+                               f"{got} rows per peer, the budgets announced {state.expect}")
+        if sum(got):
+            wire_in = torch.cat([p[4 + m:] for p, m in zip(parts, recv_masks)]).view(
+                wire_dtype).view((sum(got), ) + row_shape)
+            values = codec.decode(wire_in, ctx)
+        else:
+            values = flat.new_zeros(0, f)
+        if lossless:
+            state.mirror[sel] = payload
+            state.held[recv_sel] = values.to(state.held.dtype)
+        else:
+            echoed = codec.decode(wire, ctx) if wire is not None else flat.new_zeros(0, f)
+            state.mirror[sel] += echoed.to(state.mirror.dtype)
+            state.held[recv_sel] += values.to(state.held.dtype)
+        state.age += 1
+        state.age[sel] = 0
+        state.known |= sel
+        state.budget, state.expect = upcoming, expect
+        self.stats.record_cache(key, direction, eligible=n_send, skipped=n_send - int(sel.sum()))
+        return state.held.clone()  # autograd keeps the output; the cache changes next step
+
+    def _wire_format(self, codec: Codec, key: str, direction: str,
+                     flat: Tensor) -> Tuple[torch.dtype, Tuple[int, ...], int]:
+        r"""dtype, shape and bytes of one row of :obj:`codec`'s wire for rows like
+        :obj:`flat` (a fixed-width codec: the same for every row)."""
+        probe = codec.encode(flat.new_zeros(1, flat.size(1)),
+                             self._context(key, direction, flat))
+        return probe.dtype, tuple(probe.shape[1:]), probe[0].numel() * probe.element_size()
 
     def clear_cache(self) -> None:
         r"""Forgets every cached row and pipelined transfer: the next training exchange of

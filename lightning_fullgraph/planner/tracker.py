@@ -17,8 +17,10 @@ with ``MAX`` in the same all-reduce, and from the reduced vectors of the
 steady-state epochs it refits :attr:`PredictionTracker.fitted` -- the link as training meets
 it, which ``lightning-fullgraph plan --link`` can read.
 """
+import math
 import warnings
 from collections import deque
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -103,9 +105,23 @@ class PredictionTracker:
             warnings.warn("CommunicationMonitor: per-node bit widths (codec 'adaptive') are not "
                           "modelled by the planner yet; no predicted figures")
             return None
+        sampling = getattr(policy, "sampling", None)
+        if sampling is not None and sampling.rate < 1.0:
+            # The rows a step sends depend on its draws, which the plans do not hold.
+            warnings.warn("CommunicationMonitor: boundary sampling is not modelled by the "
+                          "planner yet; no predicted figures")
+            return None
         if link == "calibrate":
             from .calibrate import calibrate
-            link = calibrate(getattr(engine, "group", None))
+            # The codec whose cost the step pays (the first lossy one; the identity's is none).
+            codec = next((c for c in policy.codecs() if not c.lossless), None) \
+                if policy is not None else None
+            # A block of 4M values: long enough that a CPU quota's or a scheduler's slices
+            # average out (a small block is timed within one slice, or across a throttled one).
+            link = calibrate(getattr(engine, "group", None), codec=codec, codec_rows=16384,
+                             codec_width=256)
+            if codec is None:  # exact rows are sent as they are: no codec time
+                link = replace(link, codec_throughput=math.inf)
         tracker = cls(engine, profile, link)
         if profile is None and tracker.recorder is None:
             warnings.warn("CommunicationMonitor: this engine's exchanges cannot be recorded; "
@@ -165,6 +181,28 @@ class PredictionTracker:
         seconds = [times * model.call_seconds(call, self.counts)[0]
                    for call, times in sorted(calls.items(), key=lambda kv: _order(kv[0]))]
         return out, torch.tensor(seconds, dtype=torch.float64)
+
+    def step_seconds(self) -> Optional[Tensor]:
+        r"""This rank's predicted seconds of one steady training step (with a link model).
+
+        The planner's step time is :math:`t_{compute} + \sum_c \max_r t_{exchange}(c, r) +
+        \sum_c \max_r t_{codec}(c, r)` over the step's exchange calls :math:`c` (SuperGCN
+        Eqs. 2-6; every exchange waits for its busiest rank, and no exchange is assumed to be
+        hidden by overlap): this vector holds this rank's two terms per call, to be reduced
+        with ``MAX`` over ranks; the compute comes from a measurement
+        (``comm/step_compute_s`` of a run without the reduction).
+
+        Returns:
+            torch.Tensor or None: float64 ``[2 * calls]``, ``(exchange, codec)`` per call of
+            :attr:`~.profile.ExchangeProfile.train_steady` in its order (the same on every
+            rank), or ``None`` without a link model.
+        """
+        if self.link is None:
+            return None
+        model = CommunicationModel(self.profile, self.link)
+        return torch.tensor([t for call in self.profile.train_steady
+                             for t in model.call_seconds(call, self.counts)],
+                            dtype=torch.float64)
 
     # -- the link as training meets it ------------------------------------------------------
     def observation_vector(self, stats: Any) -> Tensor:

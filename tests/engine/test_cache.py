@@ -66,12 +66,12 @@ def test_halo_cache_settings_are_validated_and_parsed():
 
 
 # -- one exchange point on several ranks -----------------------------------------------------
-def _steps(rank, world_size, codec_name, epsilon, rate=None):
+def _steps(rank, world_size, codec_name, epsilon, rate=None, budgeted=False):
     data = skewed_graph(num_nodes=160, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
     codec = codec_from_name(codec_name)
-    cache = HaloCache(epsilon, max_age=4)
+    cache = HaloCache(epsilon, max_age=4, budgeted=budgeted)
     engine = FullGraphEngine(part, codec=codec, cache=cache, sampling=rate, aggregation="post")
     ex = engine.exchange
     g = torch.Generator().manual_seed(7)
@@ -112,6 +112,8 @@ def _steps(rank, world_size, codec_name, epsilon, rate=None):
             # Rows boundary sampling keeps (forward rows sent, backward gradients returned).
             kept=None if rate is None else int(ex._sampled()[0].sum() + ex._sampled()[1].sum()),
             eligible=after.rows_eligible - before.rows_eligible,
+            collectives=after.calls - before.calls,
+            oldest=int(state.age.max()) if state.age.numel() else 0,
             grad_finite=bool(torch.isfinite(x.grad).all()),
             mirror=mirror_rows, held=state.held.clone()))
     # Each rank's mirror (one row per send slot) must equal what its receivers hold: send the
@@ -146,6 +148,29 @@ def test_mirror_equals_receiver_cache_and_staleness_is_bounded(codec, rate):
     # Ranks skip different numbers of rows in the same step, and nothing hung.
     per_step = [[rep[s]["skipped"] for rep, _ in results] for s in range(STEPS)]
     assert any(len(set(s)) > 1 for s in per_step), per_step
+    # Two collectives per cached exchange after the first: the bitmask, then the rows.
+    if rate is None:
+        assert all(r["collectives"] == 4 for rep, _ in results for r in rep[1:])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("codec", ["fp32", "int8"])
+def test_budgeted_cache_is_one_collective_per_exchange(codec):
+    # The same moving rows through the budgeted cache: after the first exchange (every row,
+    # one collective) each exchange point and direction is one collective carrying the
+    # bitmask, the rows and the next budget; the receivers' copies are still bit for bit the
+    # senders' mirrors, rows are skipped, and nothing hangs when budgets differ per peer.
+    results = run_distributed(_steps, 3, codec, 0.1, None, True)
+    for rank, (report, mirror_equals_cache) in enumerate(results):
+        assert mirror_equals_cache, rank
+        assert report[0]["skipped"] == 0
+        for step, r in enumerate(report):
+            assert r["held_is_output"] and r["grad_finite"], (rank, step)
+            assert r["collectives"] == 2, (rank, step, r)  # forward rows, backward gradients
+            # Rows over the threshold may wait while the budget is short, never unboundedly:
+            # no row is older than max_age (4) exchanges (those about to be are budgeted).
+            assert r["oldest"] <= 4, (rank, step, r)
+    assert any(r["skipped"] > 0 for rep, _ in results for r in rep)
 
 
 def _fresh_eval(rank, world_size):

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import FullGraphEngine, HaloCache
 from lightning_fullgraph.testing import count_collectives, run_distributed
 
 from .models import rank_partition
@@ -25,6 +25,7 @@ EXPECTED = {
     ("gcn", "pre"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+int2"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+cache"): dict(exchange=4, control=3, gradients=1),
+    ("gcn", "post+budgeted"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+pipeline"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+sampling"): dict(exchange=2, control=3, gradients=1),
     ("sage", "post"): dict(exchange=2, control=2, gradients=1),
@@ -35,6 +36,7 @@ EXPECTED = {
 def _engine(part, config):
     mode, _, option = config.partition("+")
     kwargs = {"int2": dict(codec="int2"), "cache": dict(cache=0.01),
+              "budgeted": dict(cache=HaloCache(0.01, budgeted=True)),
               "pipeline": dict(pipeline="async"), "sampling": dict(sampling=0.5)}.get(option, {})
     return FullGraphEngine(part, aggregation=mode, **kwargs)
 

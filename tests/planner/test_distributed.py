@@ -173,9 +173,26 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
             assert logged["comm/predicted_exchange_s"] > 0, name
     for name in results[0]["monitored"]:
         # The same on every rank: the per-exchange maxima are reduced over ranks.
-        last = [r["monitored"][name]["epochs"][-1]["comm/predicted_exchange_s"]
-                for r in results]
-        assert all(s == last[0] for s in last), name
+        for figure in ("exchange_s", "step_exchange_s", "step_codec_s"):
+            last = [r["monitored"][name]["epochs"][-1][f"comm/predicted_{figure}"]
+                    for r in results]
+            assert all(s == last[0] for s in last), (name, figure)
+        logged = results[0]["monitored"][name]["epochs"][-1]
+        assert logged["comm/predicted_step_exchange_s"] > 0, name
+        assert logged["comm/step_exchange_s"] + logged["comm/step_compute_s"] \
+            == pytest.approx(logged["comm/step_s"]), name
+        assert logged["comm/step_exchange_s"] <= logged["comm/exchange_s"], name
+    if results[0]["monitored"]:
+        # The step's terms are the planner's for one steady training step on the given link
+        # (the identity codec's throughput as calibrated); with a calibrated link and no
+        # lossy codec, no codec time.
+        step = predict(profiles[("gcn", "hybrid")], counts, links[0], train_steps=1,
+                       eval_forwards=0)
+        logged = results[0]["monitored"]["recorded"]["epochs"][-1]
+        assert logged["comm/predicted_step_exchange_s"] == pytest.approx(step.seconds)
+        assert logged["comm/predicted_step_codec_s"] == pytest.approx(step.codec_seconds)
+        assert results[0]["monitored"]["profiled"]["epochs"][-1][
+            "comm/predicted_step_codec_s"] == 0.0
         # The link fitted to the run: none from the first epoch (one-time exchanges), then
         # the same on every rank (fitted from reduced values only), logged and saved.
         first = results[0]["monitored"][name]["epochs"][0]
