@@ -204,8 +204,12 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
         mine = [r for r in rows if r["model"] == model]
-        labels = [f"{r['config']}\n{r['rate']}, N={r['nodes']}" for r in mine]
-        exchange = [r["exchange_s"] or 0.0 for r in mine]
+        labels = [f"{r['config']}\n{r['rate']}, N={r['nodes']}"
+                  + (f", {r['node_cores']} cores" if (r.get("node_cores") or 1) > 1 else "")
+                  + (f", seed {r['seed']}" if r.get("seed") else "") for r in mine]
+        # The training step's own exchange (exchange_s also counts validation's).
+        exchange = [(r.get("step_exchange_s") if r.get("step_exchange_s") is not None
+                     else r["exchange_s"]) or 0.0 for r in mine]
         rest = [max(0.0, r["step_s"] - e) for r, e in zip(mine, exchange)]
         ax.bar(labels, rest, label="compute (step - exposed exchange)")
         ax.bar(labels, exchange, bottom=rest, label="exposed exchange")
