@@ -27,7 +27,9 @@ Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (
 ``cache-int2c-budgeted`` (the same in one collective per exchange),
 ``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``sampling`` (boundary
 sampling p = 0.1), ``sampling-int2`` (sampled rows as int2), and
-``+nooverlap`` after any name (overlap is on by default), ``+aside`` (``--step-aside``).
+``+nooverlap`` after any name (overlap is on by default), ``+aside`` (``--step-aside``: every
+configuration runs with ``--no-step-aside`` otherwise, so that each stage is timed as
+configured).
 By default N nodes on fewer cores are dilated (:meth:`EmulatedCluster.dilated`): each node is
 held to ``cores / N`` CPUs and ``rate * cores / N`` of link, so N one-core machines on links
 of ``rate`` are emulated with every time stretched by ``N / cores`` (in the JSON:
@@ -76,6 +78,9 @@ QUICK = dict(models=["gcn"], configs=["post", "hybrid"], rates=["1gbit"], nodes=
 #: Options a configuration name may add after ``+`` (``"int2+aside"``, ``"post+nooverlap"``;
 #: overlap is on by default).
 SUFFIXES = {"overlap": ["--overlap"], "nooverlap": ["--no-overlap"], "aside": ["--step-aside"]}
+#: Options of every configuration before its suffixes: each stage timed as configured (``train``
+#: steps aside by default; ``+aside`` turns that back on).
+BASE = ["--no-step-aside"]
 
 
 def config_args(name: str) -> List[str]:
@@ -85,7 +90,7 @@ def config_args(name: str) -> List[str]:
     if base not in CONFIGS or any(extra not in SUFFIXES for extra in extras):
         raise ValueError(f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}, "
                          f"optionally with {', '.join('+' + s for s in SUFFIXES)}")
-    return CONFIGS[base] + [arg for extra in extras for arg in SUFFIXES[extra]]
+    return BASE + CONFIGS[base] + [arg for extra in extras for arg in SUFFIXES[extra]]
 
 
 def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Namespace,

@@ -185,10 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overlap the synchronous halo exchange with the aggregation of the "
                         "edges whose sources are local, forward and backward (sum and mean "
                         "layers on the kernels; exact to rounding; default on)")
-    t.add_argument("--step-aside", action="store_true",
+    t.add_argument("--step-aside", action=argparse.BooleanOptionalAction, default=True,
                    help="after a few epochs, time the reductions on (codec, cache, pipeline, "
                         "boundary sampling) against the epoch with each left out, and keep "
-                        "only those that shorten it (all ranks decide alike; logged)")
+                        "only those that shorten it (all ranks decide alike; logged; default "
+                        "on; --no-step-aside keeps them throughout)")
     t.add_argument("--boundary-sampling", type=float, default=None, metavar="P",
                    help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
                         "each rank's halo nodes (and of the partial aggregates of pre/hybrid "

@@ -69,7 +69,7 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
                     aggregation: str = "hybrid", cache: Any = None,
                     pipeline: Any = None, boundary_sampling: Any = None,
                     loss_reduction: str = "mean", overlap: bool = True,
-                    step_aside: Any = False) -> FullGraphEngine:
+                    step_aside: Any = True) -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
     :obj:`model` to it.  Train with ``fabric.backward(loss)``, ``loss.backward()`` or
     ``engine.backward(loss)`` (the same gradients; see the module docstring).
@@ -99,7 +99,9 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         overlap (bool): Overlap the synchronous exchange with the local aggregation
             (see :class:`~lightning_fullgraph.engine.FullGraphEngine`; default on).
         step_aside (bool or StepAside): Keep only the reductions that shorten the measured
-            step (:mod:`~lightning_fullgraph.engine.step_aside`; default off).
+            step (:mod:`~lightning_fullgraph.engine.step_aside`; default on, as in
+            :class:`~lightning_fullgraph.FullGraphStrategy`; ``False`` keeps the configured
+            policy throughout).
 
     Returns:
         The :class:`~lightning_fullgraph.engine.FullGraphEngine`; its ``data`` is the

@@ -97,11 +97,12 @@ def test_train_json_on_two_processes(tmp_path):
 
 @pytest.mark.multiprocess
 def test_train_step_aside_decides_alike_and_reports(tmp_path, capsys):
-    # Under Lightning, two processes: the codec is timed against the exact exchange (warm-up
-    # 2, then 3 steps each), every rank takes the same decision (the run would hang in the
-    # next exchange otherwise) and the summary reports it, with the per-epoch figures.
+    # Under Lightning, two processes, by default (no option): the codec is timed against the
+    # exact exchange (warm-up 2, then 3 steps each), every rank takes the same decision (the
+    # run would hang in the next exchange otherwise) and the summary reports it, with the
+    # per-epoch figures.
     proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "12", "--json", "--codec",
-                "int2", "--step-aside")
+                "int2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
     decision = summary["step_aside"]
@@ -122,7 +123,8 @@ def test_train_with_every_adaptive_knob(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, "-m", "lightning_fullgraph.cli", "train", "--devices", "2",
-         "--epochs", "12", "--json", "--codec", "int2", "--adaptive-bits", "--cache",
+         "--epochs", "12", "--json", "--codec", "int2", "--adaptive-bits", "--no-step-aside",
+         "--cache",
          "adaptive", "--cache-dir", str(tmp_path / "partitions"), "--huge-pages", "off"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]

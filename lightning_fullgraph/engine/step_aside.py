@@ -21,8 +21,10 @@ Arms with a stage removed are exact in that stage, so a trial never trains less 
 than the configured policy (an aggregation of an unchanged input that the static-input cache
 kept, computed once under the codec, stays as it was computed).  The decision is a function of timings: two runs of the same
 script may decide differently (it is logged, and checkpointed with the random states, so a
-resumed run keeps it).  Off by default for this reason; ``FullGraphEngine(step_aside=True)``
-or ``FullGraphStrategy(step_aside=True)`` turns it on.
+resumed run keeps it).  On by default where users train (``FullGraphStrategy``,
+``setup_fullgraph``, ``lightning-fullgraph train``; ``step_aside=False`` or ``--no-step-aside``
+keeps the configured policy throughout); off in the lower-level ``FullGraphEngine``
+(``FullGraphEngine(step_aside=True)``).
 """
 import itertools
 import logging

@@ -152,7 +152,9 @@ def calibrate_codec(codec: Any = None, *, rows: int = 4096, width: int = 128,
     from ..engine.codecs import IdentityCodec, WireContext
     codec = codec if codec is not None else IdentityCodec()
     device = torch.device(device) if device is not None else torch.device("cpu")
-    x = torch.randn(int(rows), int(width), dtype=dtype, device=device)
+    # Its own generator: a calibration at fit start must not move the training's random state.
+    x = torch.randn(int(rows), int(width), dtype=dtype, device=device,
+                    generator=torch.Generator(device).manual_seed(0))
     ctx = WireContext("calibrate", "forward", 0, 0, int(width), dtype)
     times = []
     for i in range(int(repeats) + 1):

@@ -140,8 +140,10 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             reductions (boundary sampling, cache, lossy codec, pipeline) against the step
             with each left out, and keep only those that shorten it
             (:class:`~lightning_fullgraph.engine.step_aside.StepAside`; every rank decides
-            the same, the decision is logged and checkpointed).  Default off: the decision
-            depends on measured times, so two runs may differ.
+            the same, the decision is logged and checkpointed): a reduction never makes
+            training slower.  Default on; nothing to try with an exact policy.  The decision
+            depends on measured times, so two runs of a lossy policy may keep different
+            stages: ``False`` keeps the configured policy throughout.
         aggregation (str): How cut edges of sum/mean layers with scalar edge messages
             (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
@@ -180,7 +182,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
                  pipeline: Union[None, str, AsyncPipeline] = None,
                  boundary_sampling: Union[None, float, BoundarySampling] = None,
                  overlap: bool = True,
-                 step_aside: Union[bool, StepAside] = False,
+                 step_aside: Union[bool, StepAside] = True,
                  aggregation: str = "hybrid",
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
                  timeout: Union[float, timedelta] = timedelta(minutes=5),

@@ -110,7 +110,7 @@ def _trainer(tmp, epochs, callbacks):
     from lightning_fullgraph import FullGraphStrategy
     return pl.Trainer(accelerator="cpu", devices=2, precision="32-true", max_epochs=epochs,
                       strategy=FullGraphStrategy(codec="int2", cache="adaptive", kernels=None,
-                                                 timeout=60),
+                                                 timeout=60, step_aside=False),
                       callbacks=callbacks, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp, num_sanity_val_steps=0)
 

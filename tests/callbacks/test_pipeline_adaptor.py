@@ -87,7 +87,9 @@ def _trainer(tmp, epochs, callbacks):
 
     from lightning_fullgraph import FullGraphStrategy
     return pl.Trainer(accelerator="cpu", devices=2, precision="32-true", max_epochs=epochs,
-                      strategy=FullGraphStrategy(pipeline="adaptive", kernels=None, timeout=60),
+                      # The adaptor's own decisions, without a step-aside trial beside them.
+                      strategy=FullGraphStrategy(pipeline="adaptive", kernels=None, timeout=60,
+                                                 step_aside=False),
                       callbacks=callbacks, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp, num_sanity_val_steps=0)
 

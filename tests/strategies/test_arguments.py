@@ -69,3 +69,15 @@ def test_omp_num_threads_chooses_the_default_thread_count(monkeypatch, value, th
     assert _omp_threads() == threads
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert _omp_threads() is None
+
+
+def test_reductions_step_aside_by_default():
+    # A reduction never makes training slower: the strategy and Fabric's setup time the
+    # configured stages unless told not to (an exact policy has nothing to try).
+    import inspect
+
+    from lightning_fullgraph.engine.step_aside import StepAside
+    from lightning_fullgraph.fabric import setup_fullgraph
+    assert isinstance(FullGraphStrategy().step_aside, StepAside)
+    assert FullGraphStrategy(step_aside=False).step_aside is None
+    assert inspect.signature(setup_fullgraph).parameters["step_aside"].default is True
