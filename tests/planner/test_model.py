@@ -159,3 +159,21 @@ def test_link_model_round_trip_and_validation(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a JSON link model"):
         LinkModel.load(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("policy, what", [
+    ("sampling", "boundary sampling"),
+    ("adaptive", "per-node bit widths"),
+])
+def test_tracker_refuses_what_the_planner_does_not_model(policy, what):
+    # The rows boundary sampling draws, and per-node widths, are not in the plans: no
+    # predicted figures rather than wrong ones, with a warning saying why (the same on every
+    # rank: the policy decides, before any collective).
+    from types import SimpleNamespace
+
+    from lightning_fullgraph.engine import ExchangePolicy
+    from lightning_fullgraph.planner.tracker import PredictionTracker
+    policy = ExchangePolicy(sampling=0.5) if policy == "sampling" else ExchangePolicy.of(policy)
+    engine = SimpleNamespace(policy=policy)
+    with pytest.warns(UserWarning, match=what):
+        assert PredictionTracker.start(engine, link="calibrate") is None
