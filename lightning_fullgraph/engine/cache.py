@@ -29,8 +29,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["HaloCache", "CacheState", "select_rows", "pack_mask", "unpack_mask", "mask_bytes",
-           "per_peer"]
+__all__ = ["HaloCache", "CacheState", "select_rows", "row_change", "pack_mask", "unpack_mask",
+           "mask_bytes", "per_peer"]
 
 DIRECTIONS = ("forward", "backward")
 
@@ -162,9 +162,16 @@ def select_rows(rows: Tensor, mirror: Tensor, age: Tensor, epsilon: float,
     sent, never hidden behind an old copy)."""
     if rows.size(1) == 0:
         return torch.ones(rows.size(0), dtype=torch.bool, device=rows.device)
-    change = (rows - mirror).abs().amax(dim=1)
-    size = rows.abs().amax(dim=1).clamp_min(1e-12)
+    _, change, size = row_change(rows, mirror)
     return (change > epsilon * size) | (age >= max_age) | ~torch.isfinite(change)
+
+
+def row_change(rows: Tensor, mirror: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""``(rows - mirror, its infinity norm per row, the row's own)``, the last at least
+    ``1e-12`` (an all-zero row, dead after a ReLU, divides by it): what :func:`select_rows`
+    compares with :math:`\epsilon`."""
+    diff = rows - mirror
+    return diff, diff.abs().amax(dim=1), rows.abs().amax(dim=1).clamp_min(1e-12)
 
 
 def mask_bytes(counts: Sequence[int]) -> List[int]:

@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .cache import (CacheState, HaloCache, mask_bytes, pack_mask, per_peer, select_rows,
-                    unpack_mask)
+from .cache import (CacheState, HaloCache, mask_bytes, pack_mask, per_peer, row_change,
+                    select_rows, unpack_mask)
 from .codecs import Codec, IdentityCodec, WireContext
 from .codecs.registry import wire_bits
 from .pipeline import AsyncPipeline, PipeState
@@ -568,7 +568,7 @@ class HaloExchange:
         mine, theirs = kept if kept is not None else (None, None)
         codec = self.policy.codec(key, direction)
         if cache.budgeted and not state.fresh and state.budget is not None and kept is None \
-                and not cache.lossless and not getattr(codec, "per_node", False):
+                and f and not cache.lossless and not getattr(codec, "per_node", False):
             return self._send_budgeted(flat, send_counts, recv_counts, key, direction, state,
                                        cache, codec)
         if state.fresh:  # both ends know: every (kept) row goes, no bitmask
@@ -592,7 +592,7 @@ class HaloExchange:
                 among_kept, recv_sel = recv_sel, torch.zeros(n_recv, dtype=torch.bool,
                                                              device=flat.device)
                 recv_sel[theirs] = among_kept
-        lossless = self.policy.codec(key, direction).lossless
+        lossless = codec.lossless
         payload = flat[sel] if lossless else (flat - state.mirror)[sel]
         if levels is not None:
             levels = (levels[0].to(sel.device)[sel], levels[1].to(recv_sel.device)[recv_sel])
@@ -636,9 +636,7 @@ class HaloExchange:
         most-changed rows (no error, some bytes), and four bytes per peer.  Per peer the
         buffer holds ``[next budget: int32][bitmask][budget rows on the codec's wire]``."""
         n_send, n_recv, f = flat.size(0), sum(recv_counts), flat.size(1)
-        diff = flat - state.mirror
-        change = diff.abs().amax(dim=1) if f else torch.zeros(n_send, device=flat.device)
-        scale = flat.abs().amax(dim=1).clamp_min(1e-12) if f else torch.ones_like(change)
+        diff, change, scale = row_change(flat, state.mirror)
         finite = torch.isfinite(change)
         forced = (state.age >= cache.max_age) | ~finite | ~state.known
         over = forced | (change > cache.epsilon * scale)

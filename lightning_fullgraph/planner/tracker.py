@@ -24,8 +24,10 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
+from ..engine.errors import guarded
 from .counts import RankCounts
 from .fit import fit_link
 from .link import LinkModel
@@ -118,8 +120,14 @@ class PredictionTracker:
                 if policy is not None else None
             # A block of 4M values: long enough that a CPU quota's or a scheduler's slices
             # average out (a small block is timed within one slice, or across a throttled one).
-            link = calibrate(getattr(engine, "group", None), codec=codec, codec_rows=16384,
-                             codec_width=256)
+            group = getattr(engine, "group", None)
+            rank, world = (dist.get_rank(group), dist.get_world_size(group)) \
+                if dist.is_available() and dist.is_initialized() else (0, 1)
+            # Collectives on the engine's group (its timeout), described as the engine's are.
+            with guarded("link calibration (CommunicationMonitor(link='calibrate'))", rank,
+                         [r for r in range(world) if r != rank],
+                         getattr(engine, "timeout", None)):
+                link = calibrate(group, codec=codec, codec_rows=16384, codec_width=256)
             if codec is None:  # exact rows are sent as they are: no codec time
                 link = replace(link, codec_throughput=math.inf)
         tracker = cls(engine, profile, link)
