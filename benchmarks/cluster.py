@@ -23,6 +23,7 @@ Usage::
     python benchmarks/cluster.py --replot results.json --plot out.png
 
 Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (exact),
+``auto`` (exact: per layer the mode predicted fastest on the link calibrated at start-up),
 ``int2`` (post rows as int2), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
 ``cache-int2c-budgeted`` (the same in one collective per exchange),
 ``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``sampling`` (boundary
@@ -60,6 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGS: Dict[str, List[str]] = {
     "post": ["--aggregation", "post"],
     "hybrid": ["--aggregation", "hybrid"],
+    "auto": ["--aggregation", "auto", "--link", "calibrate"],
     "int2": ["--aggregation", "post", "--codec", "int2"],
     "cache-int2c": ["--aggregation", "post", "--codec", "int2-compact", "--cache", "adaptive"],
     "cache-int2c-budgeted": ["--aggregation", "post", "--codec", "int2-compact", "--cache",
@@ -168,6 +170,7 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 exchange_s=_second_half_median(exchanges) or summary["exchange_s_per_epoch"],
                 step_s_all=summary["train_step_seconds"], per_epoch=per_epoch,
                 step_aside=summary.get("step_aside"),
+                aggregation_choices=summary.get("aggregation_choices"),
                 compute_s=summary["compute_s_per_epoch"],
                 step_exchange_s=summary.get("train_step_exchange_seconds"),
                 step_compute_s=summary.get("train_step_compute_seconds"),

@@ -141,16 +141,17 @@ def _build_model(torch_nn, pyg_nn, kind: str, in_dim: int, hidden: int, out_dim:
 
 
 def engine_kwargs(cfg: Dict[str, Any]) -> Dict[str, Any]:
-    r"""Optional :class:`FullGraphEngine` keywords of a configuration: ``aggregation``
-    (``"post"``, ``"pre"``, ``"hybrid"``; absent: the engine's default) and
-    ``cache_static`` (absent: not passed). Used by ``benchmarks/aggregation.py``."""
+    r"""Optional :class:`FullGraphEngine` keywords of a configuration: its
+    :class:`ExchangeConfig` fields ``aggregation`` (``"post"``, ``"pre"``, ``"hybrid"``;
+    absent: the default) and ``overlap``, and ``cache_static`` (absent: not passed).  Used by
+    ``benchmarks/aggregation.py``; JSON-able (the record keeps it)."""
     out: Dict[str, Any] = {}
-    if cfg.get("aggregation"):
-        out["aggregation"] = cfg["aggregation"]
+    exchange = {k: (bool(cfg[k]) if k == "overlap" else cfg[k])
+                for k in ("aggregation", "overlap") if cfg.get(k) is not None}
+    if exchange:
+        out["exchange"] = exchange
     if cfg.get("cache_static") is not None:
         out["cache_static"] = bool(cfg["cache_static"])
-    if cfg.get("overlap") is not None:
-        out["overlap"] = bool(cfg["overlap"])
     return out
 
 
@@ -674,10 +675,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--parts", type=str, default="2,4",
                    help="comma-separated numbers of ranks to compare with the single process")
     p.add_argument("--aggregation", choices=("post", "pre", "hybrid"), default=None,
-                   help="FullGraphEngine(aggregation=...) of the ranks (default: the engine's "
+                   help="ExchangeConfig(aggregation=...) of the ranks (default: the engine's "
                         "default); benchmarks/aggregation.py compares the three")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                   help="FullGraphEngine(overlap=...): the halo transfer runs while the "
+                   help="ExchangeConfig(overlap=...): the halo transfer runs while the "
                         "edges with owned sources aggregate (needs --kernels other than pyg; "
                         "default on, as the engine's)")
     p.add_argument("--block-cache-ab", default=None, metavar="LIMIT",

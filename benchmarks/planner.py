@@ -60,6 +60,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List
+from lightning_fullgraph.engine import ExchangeConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -101,7 +102,7 @@ def _worker(rank: int, world_size: int, path: str, spec: Dict[str, Any]) -> Dict
     forward = _forward(spec["dropout"])
     runs, replay = {}, {}
     for mode in spec["modes"]:
-        engine = FullGraphEngine(part, aggregation=mode)
+        engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=mode))
         model = _build(spec, spec["features"], spec["classes"])
         engine.attach(model)
         data = engine.data

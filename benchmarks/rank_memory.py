@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List
+from lightning_fullgraph.engine import ExchangeConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -123,7 +124,7 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
         thread.start()
     huge_pages.enable_for_kernels(None)  # as FullGraphStrategy does, before the data
     part = load_partition(cfg["partition_dir"], rank, num_parts=world)
-    engine = FullGraphEngine(part, aggregation=cfg["aggregation"])
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=cfg["aggregation"]))
     point("engine built")
     data = engine.data
     x, edge_index, y, mask = data.x, data.edge_index, data.y, data.train_mask

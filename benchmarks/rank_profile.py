@@ -58,8 +58,8 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     if cfg["block_cache"] is not None:
         huge_pages.set_block_cache(cfg["block_cache"])
     part = load_partition(cfg["partition_dir"], rank, num_parts=world)
-    engine = FullGraphEngine(part, **({} if cfg["aggregation"] is None
-                                      else {"aggregation": cfg["aggregation"]}))
+    engine = FullGraphEngine(part, exchange=None if cfg["aggregation"] is None
+                             else {"aggregation": cfg["aggregation"]})
     data = engine.data
     x, edge_index, y, mask = data.x, data.edge_index, data.y, data.train_mask
     torch.manual_seed(0)
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rank", type=int, default=0, help="the rank whose operators are listed")
     parser.add_argument("--model", choices=("gcn", "sage"), default="gcn")
     parser.add_argument("--aggregation", choices=("post", "pre", "hybrid"), default=None,
-                        help="FullGraphEngine(aggregation=...) (default: the engine's)")
+                        help="ExchangeConfig(aggregation=...) (default: the engine's)")
     parser.add_argument("--kernels", choices=("auto", "cpp", "torch", "pyg"), default="auto",
                         help="engine.use_kernels(...), or PyG's own path")
     parser.add_argument("--block-cache", default=None,

@@ -24,6 +24,7 @@ _LAZY = {
     "FullGraphDataModule": "lightning_fullgraph.data.datamodule",
     "CommunicationMonitor": "lightning_fullgraph.callbacks",
     "FullGraphEngine": "lightning_fullgraph.engine",
+    "ExchangeConfig": "lightning_fullgraph.engine",
     "HaloExchange": "lightning_fullgraph.engine",
     "UnsupportedLayerError": "lightning_fullgraph.engine",
 }

@@ -150,10 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--huge-pages", default="auto", choices=["auto", "on", "off"],
                    help="large CPU tensors in transparent huge pages with the CPU kernels "
                         "(auto: on unless LIGHTNING_FULLGRAPH_HUGE_PAGES=0; 'off': 4 KiB pages)")
-    t.add_argument("--aggregation", default="hybrid", choices=["hybrid", "post", "pre"],
+    t.add_argument("--aggregation", default="hybrid", choices=["hybrid", "post", "pre", "auto"],
                    help="how cut edges of GCN/SAGE/GIN-like layers cross the wire: 'post' "
                         "sends source rows, 'pre' partial aggregates, 'hybrid' the smaller "
-                        "mix per rank pair (default; all three are exact)")
+                        "mix per rank pair (default; all three are exact), 'auto' the one "
+                        "of the three predicted fastest per layer on the link (--link, "
+                        "else measured at the first exchange)")
     t.add_argument("--codec", default="fp32", type=_codec_name,
                    metavar="{fp32,bf16,int8,int4,int2,int1,adaptive,adaptive2}[-nearest][-compact]",
                    help="wire format of halo rows and gradients (default fp32: exact; the "
@@ -254,6 +256,15 @@ def _step_aside_decision(strategy) -> Optional[dict]:
     engine = getattr(strategy, "engine", None)
     aside = getattr(engine, "step_aside", None)
     return None if aside is None else aside.decision
+
+
+def _auto_choices(strategy) -> Optional[Dict[str, dict]]:
+    engine = getattr(strategy, "engine", None)
+    router = getattr(engine, "router", None)
+    if router is None:
+        return None
+    return {layer: {"mode": mode, "predicted_s": {m: round(t, 6) for m, t in seconds.items()}}
+            for layer, (mode, seconds) in router.auto_choices.items()}
 
 
 def _train_option_scope(args) -> List[Tuple[str, str]]:
@@ -529,11 +540,7 @@ def _train(args) -> int:
         strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
                                      huge_pages={"auto": None, "on": True,
                                                  "off": False}[args.huge_pages],
-                                     aggregation=args.aggregation, codec=args.codec,
-                                     cache=None if args.cache == "none" else args.cache,
-                                     pipeline=None if args.pipeline == "sync" else args.pipeline,
-                                     boundary_sampling=args.boundary_sampling,
-                                     overlap=args.overlap, step_aside=args.step_aside,
+                                     exchange=_exchange_config(args),
                                      startup_timeout=args.startup_timeout)
         devices, callbacks = args.devices, [CommunicationMonitor(save_link=args.save_link,
                                                              link=_train_link(args.link))]
@@ -604,6 +611,9 @@ def _train(args) -> int:
         "overlap": bool(args.overlap) if args.strategy == "fullgraph" else None,
         # The reductions the step-aside trial kept (--step-aside), with its step times.
         "step_aside": _step_aside_decision(strategy) if args.strategy == "fullgraph" else None,
+        # --aggregation auto: the mode each layer runs, with the predicted seconds per mode.
+        "aggregation_choices": _auto_choices(strategy) if args.strategy == "fullgraph"
+        and args.aggregation == "auto" else None,
         # Whether large CPU tensors were in huge pages while rank 0 trained (--huge-pages).
         "huge_pages": strategy.huge_pages_active if args.strategy == "fullgraph" else None,
         "loader": args.loader if args.strategy == "pyg" else None,
@@ -712,6 +722,17 @@ def _peak_rss_mib() -> Optional[float]:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+def _exchange_config(args):
+    r"""``train``'s exchange options as the :class:`~.engine.ExchangeConfig` they make."""
+    from .engine import ExchangeConfig
+    link = _train_link(args.link) if args.aggregation == "auto" else None
+    return ExchangeConfig(aggregation=args.aggregation, codec=args.codec,
+                          cache=None if args.cache == "none" else args.cache,
+                          pipeline=None if args.pipeline == "sync" else args.pipeline,
+                          sampling=args.boundary_sampling, overlap=args.overlap,
+                          step_aside=args.step_aside, link=link)
+
+
 def _train_link(value: Optional[str]):
     r"""``train --link``: ``None``, ``"calibrate"`` or the :class:`LinkModel` in a file."""
     if value is None or value == "calibrate":
@@ -756,6 +777,10 @@ def _print_summary(s: dict) -> None:
         print(f"wire format          {s['codec']}: {fmt(s['bits_mean'])} bits per feature on "
               f"average, {fmt(s['bits_last'])} in the last epoch (lossy: not the "
               "single-process result)")
+    choices = s.get("aggregation_choices")
+    if choices:
+        print("aggregation auto     " + ", ".join(f"{layer} {c['mode']}"
+                                                  for layer, c in choices.items()))
     aside = s.get("step_aside")
     if aside is not None:
         times = ", ".join(f"{'+'.join(arm) or 'exact'} {t:.3f} s"

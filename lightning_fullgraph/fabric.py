@@ -38,12 +38,13 @@ the grid in place, and not passed through ``fabric.setup`` either)::
             optimizer.step()
 """
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, Optional, Tuple, Type, Union
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Type, Union
 
 import torch
 from torch_geometric.data import Data
 
-from .engine import Codec, FullGraphEngine
+from .engine import ExchangeConfig, FullGraphEngine
+from .engine.config import refuse_moved_arguments
 
 __all__ = ["launch", "setup_fullgraph", "setup_fourd", "FourDRun"]
 
@@ -62,14 +63,11 @@ def launch(fabric: Any) -> Any:
 
 def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, Path],
                     cache_dir: Optional[str] = None, seed: int = 0,
-                    kernels: Optional[str] = "auto", codec: Optional[Codec] = None,
+                    kernels: Optional[str] = "auto",
+                    exchange: Union[None, ExchangeConfig, Mapping[str, Any]] = None,
                     trusted_layers: Iterable[Type[torch.nn.Module]] = (),
-                    loss_mask: str = "train_mask",
-                    timeout: Optional[float] = None,
-                    aggregation: str = "hybrid", cache: Any = None,
-                    pipeline: Any = None, boundary_sampling: Any = None,
-                    loss_reduction: str = "mean", overlap: bool = True,
-                    step_aside: Any = True) -> FullGraphEngine:
+                    loss_mask: str = "train_mask", loss_reduction: str = "mean",
+                    timeout: Optional[float] = None, **moved: Any) -> FullGraphEngine:
     r"""Partitions :obj:`data` (once, on rank 0), loads this rank's part and attaches
     :obj:`model` to it.  Train with ``fabric.backward(loss)``, ``loss.backward()`` or
     ``engine.backward(loss)`` (the same gradients; see the module docstring).
@@ -81,27 +79,16 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         cache_dir (str, optional): Partition cache root.
         seed (int): METIS seed.
         kernels (str, optional): Aggregation backend; ``None`` keeps PyG's path.
-        codec (Codec, optional): Wire codec of the halo exchange.
+        exchange (ExchangeConfig or dict, optional): How halo rows cross the wire
+            (:class:`~lightning_fullgraph.engine.ExchangeConfig`; default exact, hybrid
+            aggregation, overlap and step aside on, as in
+            :class:`~lightning_fullgraph.FullGraphStrategy`).
         trusted_layers (Iterable[type]): Extra layer classes declared exact.
         loss_mask (str): Mask whose mean the loss is.
         loss_reduction (str): ``"mean"`` (the loss is a mean over :obj:`loss_mask`) or
             ``"sum"`` (a sum over the rank's nodes).
         timeout (float, optional): Collective timeout (seconds) of the engine's own
             process group; Fabric's group (start-up, its collectives) keeps its timeout.
-        aggregation (str): ``"hybrid"`` (default), ``"post"`` or ``"pre"`` (see
-            :class:`~lightning_fullgraph.engine.FullGraphEngine`).
-        cache (HaloCache, float or str, optional): Adaptive halo cache of training
-            exchanges (:class:`~lightning_fullgraph.engine.HaloCache`; default none).
-        pipeline (AsyncPipeline or str, optional): Asynchronous halo pipeline
-            (:class:`~lightning_fullgraph.engine.AsyncPipeline`, ``"async"``; default none).
-        boundary_sampling (float, optional): Kept fraction of halo nodes per training step
-            (:class:`~lightning_fullgraph.engine.BoundarySampling`; default none).
-        overlap (bool): Overlap the synchronous exchange with the local aggregation
-            (see :class:`~lightning_fullgraph.engine.FullGraphEngine`; default on).
-        step_aside (bool or StepAside): Keep only the reductions that shorten the measured
-            step (:mod:`~lightning_fullgraph.engine.step_aside`; default on, as in
-            :class:`~lightning_fullgraph.FullGraphStrategy`; ``False`` keeps the configured
-            policy throughout).
 
     Returns:
         The :class:`~lightning_fullgraph.engine.FullGraphEngine`; its ``data`` is the
@@ -110,6 +97,10 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
     from lightning.fabric.utilities.rank_zero import rank_zero_info
 
     from .data.validation import check_no_sparse_adjacency
+    refuse_moved_arguments("setup_fullgraph", moved)
+    if moved:
+        raise TypeError(f"setup_fullgraph got unexpected keyword argument(s) {sorted(moved)}")
+    exchange = ExchangeConfig.of(exchange)  # checked before anything is partitioned
     from .partition import load_partition, partition_graph
     if isinstance(data, Data):
         check_no_sparse_adjacency(data)  # on every rank, before any collective
@@ -141,11 +132,8 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         import torch.distributed as dist
         from datetime import timedelta
         group = dist.new_group(timeout=timedelta(seconds=float(timeout)))
-    engine = FullGraphEngine(partition, group=group, codec=codec, cache=cache,
-                             pipeline=pipeline, sampling=boundary_sampling,
-                             loss_mask=loss_mask, timeout=timeout,
-                             aggregation=aggregation, loss_reduction=loss_reduction,
-                             overlap=overlap, step_aside=step_aside)
+    engine = FullGraphEngine(partition, group=group, exchange=exchange, loss_mask=loss_mask,
+                             timeout=timeout, loss_reduction=loss_reduction)
     model.to(fabric.device)
     engine.to(fabric.device)
     engine.attach(model, trusted_layers=trusted_layers)

@@ -2,7 +2,7 @@
 
     python examples/cli/train.py fit --config examples/cli/config.yaml
     python examples/cli/train.py fit --config examples/cli/config.yaml \\
-        --trainer.devices=4 --trainer.strategy.init_args.aggregation=post
+        --trainer.devices=4 --trainer.strategy.init_args.exchange.aggregation=post
     python examples/cli/train.py fit --config examples/cli/config.yaml --print_config
 
 Everything is chosen by class path in ``config.yaml``: the strategy

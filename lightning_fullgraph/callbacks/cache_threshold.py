@@ -115,8 +115,8 @@ class AdaptiveCacheThreshold(Callback):
     r"""Adapts the halo cache's threshold :math:`\epsilon` every epoch from the global
     training accuracy (CDFGNN; the rule in :mod:`this module's <.cache_threshold>` docstring).
 
-    Use with ``FullGraphStrategy(cache="adaptive")`` (or any cache): it sets ``epsilon`` on
-    every :class:`~lightning_fullgraph.engine.HaloCache` of the strategy's engine before each
+    Use with ``FullGraphStrategy(exchange=ExchangeConfig(cache="adaptive"))`` (or any
+    cache): it sets ``epsilon`` on every :class:`~lightning_fullgraph.engine.HaloCache` of the strategy's engine before each
     training epoch.  Logged every epoch: ``cache/epsilon`` (the epoch's threshold) and, from
     the second epoch on, ``cache/train_acc`` (the global accuracy of the previous epoch, which it
     was decided on); the fraction of rows the cache
@@ -174,7 +174,8 @@ class AdaptiveCacheThreshold(Callback):
         caches = halo_caches(self._engine(trainer))
         if not caches:
             self._warn_once("cache", "the engine has no halo cache (use FullGraphStrategy("
-                                     "cache='adaptive')); the threshold changes nothing")
+                                     "exchange=ExchangeConfig(cache='adaptive'))); the "
+                                     "threshold changes nothing")
         for cache in caches:
             cache.epsilon = self.controller.epsilon
 

@@ -99,7 +99,7 @@ class PipelineAdaptor(AdaptiveBitWidth):
     r"""Switches the asynchronous halo pipeline between synchronous and asynchronous epochs
     (SYLVIE's adaptor; the rule in this module's docstring).
 
-    Use with ``FullGraphStrategy(pipeline="adaptive")`` (or any
+    Use with ``FullGraphStrategy(exchange=ExchangeConfig(pipeline="adaptive"))`` (or any
     :class:`~lightning_fullgraph.engine.AsyncPipeline`): before each training epoch it sets
     the pipeline's ``mode``.  Logged every epoch: ``comm/async`` (1 for an asynchronous
     epoch); the decisions, with the loss and descent rate, are in ``controller.history``.
@@ -129,8 +129,8 @@ class PipelineAdaptor(AdaptiveBitWidth):
             if not self._warned:
                 self._warned = True
                 warnings.warn("PipelineAdaptor: the engine has no asynchronous pipeline (use "
-                              "FullGraphStrategy(pipeline='adaptive')); the schedule changes "
-                              "nothing", RuntimeWarning, stacklevel=2)
+                              "FullGraphStrategy(exchange=ExchangeConfig(pipeline='adaptive'))); "
+                              "the schedule changes nothing", RuntimeWarning, stacklevel=2)
             return
         pipeline.mode = self.controller.mode
 

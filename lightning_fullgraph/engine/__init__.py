@@ -14,6 +14,7 @@ from .pipeline import AsyncPipeline  # noqa: E402
 from .sampling import BoundarySampling  # noqa: E402
 from .batchnorm import DistributedBatchNorm, convert_batchnorm, revert_batchnorm  # noqa: E402
 from .codecs import Codec, IdentityCodec, WireContext  # noqa: E402
+from .config import ExchangeConfig  # noqa: E402
 from .engine import FullGraphEngine  # noqa: E402
 from .errors import CollectiveError  # noqa: E402
 from .exchange import HaloExchange  # noqa: E402
@@ -37,7 +38,7 @@ from .transport import PendingExchange, Transport  # noqa: E402
 
 __all__ = [
     "FullGraphEngine", "HaloExchange", "BackwardHooks", "UnreducedBackwardError", "Codec", "IdentityCodec", "WireContext", "CommStats",
-    "ExchangePolicy", "HaloCache", "AsyncPipeline", "BoundarySampling", "Transport",
+    "ExchangeConfig", "ExchangePolicy", "HaloCache", "AsyncPipeline", "BoundarySampling", "Transport",
     "PendingExchange", "EngineMesh", "ParallelDims",
     "AggregationRouter", "MODES", "PRE_LAYERS", "pre_eligible", "StaticCache", "Agreement",
     "all_agree",

@@ -18,18 +18,27 @@ also holds (the partition's edge attributes, or weights from the engine's ``gcn_
 whose inputs the engine cannot vouch for (an edge list changed by the user, computed edge
 weights, edge dropout) runs post-aggregated instead.  That choice changes what crosses the wire,
 so it is agreed by all ranks (one all-reduce the first time each exchange point runs).
+
+With ``"auto"`` each eligible layer runs the mode predicted fastest on the link
+(:meth:`AggregationRouter.auto_mode`): per direction, each channel the mode uses costs one
+collective, :math:`\alpha (P - 1) + B / \beta` with :math:`B` the busiest rank's bytes (its
+rows, all-reduced once, times the layer's wire bytes per row).  Post sends the most rows in
+one collective, pre partial aggregates in one, hybrid the fewest rows in two: post or pre
+win where a layer's rows are narrow and latency dominates, hybrid where they are wide.
 """
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.nn import aggr as pyg_aggr
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.nn.conv import MessagePassing
 
 from .agreement import Agreement
+from .errors import guarded
 
-__all__ = ["MODES", "PRE_LAYERS", "AggregationRouter", "pre_eligible"]
+__all__ = ["MODES", "PRE_LAYERS", "AggregationRouter", "pre_eligible", "propagated_width"]
 
 MODES = ("post", "pre", "hybrid")
 
@@ -56,6 +65,25 @@ def pre_eligible(layer: MessagePassing) -> bool:
     return (type(layer).message is cls.message
             and type(layer).update is MessagePassing.update
             and type(getattr(layer, "aggr_module", None)) in _SUM_OR_MEAN)
+
+
+def propagated_width(layer: MessagePassing) -> Optional[int]:
+    r"""The values per row :obj:`layer`'s ``propagate`` exchanges, as its constructor
+    declares them (``None`` where it does not: APPNP propagates whatever it is given).
+
+    ``GCNConv`` applies its linear map before propagating (``out_channels``); ``SGConv``,
+    ``TAGConv``, ``SAGEConv``, ``GraphConv`` and ``GINConv`` propagate their input
+    (``in_channels``), ``GCN2Conv`` its ``channels``.
+    """
+    if isinstance(layer, pyg_conv.GCNConv):
+        width = layer.out_channels
+    elif isinstance(layer, pyg_conv.GCN2Conv):
+        width = layer.channels
+    else:
+        width = getattr(layer, "in_channels", None)
+    if isinstance(width, (tuple, list)):
+        width = width[0]
+    return int(width) if isinstance(width, int) and width > 0 else None
 
 
 class _SameTensor:
@@ -105,17 +133,25 @@ class AggregationRouter:
         partition (LocalPartition): The rank's partition (plans, outgoing cut edges).
         exchanges (Dict[str, HaloExchange]): One exchange per mode in use (``"post"``
             always).
-        mode (str): The engine's aggregation for eligible layers.
+        mode (str): The engine's aggregation for eligible layers (one of :data:`MODES`, or
+            ``"auto"``: :meth:`auto_mode`).
         group (ProcessGroup, optional): Group of the agreement all-reduce.
         timeout (float or timedelta, optional): The group's timeout, named in errors.
+        link (LinkModel or str, optional): The link ``"auto"`` predicts on; ``None`` or
+            ``"calibrate"`` measures the group at the first decision.
+        policy (ExchangePolicy, optional): The codecs ``"auto"`` counts wire bytes with.
     """
 
     def __init__(self, partition: Any, exchanges: Dict[str, Any], mode: str = "post",
-                 group: Optional[Any] = None, timeout: Optional[Any] = None) -> None:
-        if mode not in MODES:
-            raise ValueError(f"aggregation must be one of {MODES}, got {mode!r}")
-        if mode not in exchanges or "post" not in exchanges:
-            raise ValueError(f"exchanges for 'post' and {mode!r} are needed")
+                 group: Optional[Any] = None, timeout: Optional[Any] = None,
+                 link: Optional[Any] = None, policy: Optional[Any] = None) -> None:
+        if mode not in MODES + ("auto", ):
+            raise ValueError(f"aggregation must be one of {MODES + ('auto', )}, got {mode!r}")
+        needed = MODES if mode == "auto" else ("post", mode)
+        missing = [m for m in needed if m not in exchanges]
+        if missing:
+            raise ValueError(f"aggregation {mode!r} needs exchanges for {needed}; "
+                             f"missing {missing}")
         self.partition = partition
         self.exchanges = exchanges
         self.mode = mode
@@ -125,22 +161,39 @@ class AggregationRouter:
         self._agreement = Agreement(group, "aggregation", timeout)
         self._graphs: Dict[int, Tuple[str, Tensor]] = {}  # id -> (mode, tensor): mode graphs
         self._cache: Dict[tuple, Tensor] = {}
+        self.timeout = timeout
+        self.link = link
+        self.policy = policy
+        #: ``"auto"``'s choices: layer -> ``(mode, predicted seconds of each mode)``.
+        self.auto_choices: Dict[str, Tuple[str, Dict[str, float]]] = {}
+        self._busiest_rows: Optional[Dict[Tuple[str, str], int]] = None
+
+    def reset(self) -> None:
+        r"""Forgets the decisions of exchange points (for another model: every rank resets
+        at the same point, attaching it).  The link and the row counts are kept."""
+        self._agreement.clear()
+        self.auto_choices.clear()
 
     # -- which mode ------------------------------------------------------------------------
     def candidate(self, layer: MessagePassing) -> str:
         r"""The mode :obj:`layer` runs in when its inputs allow (``"post"`` if ineligible)."""
         return self.mode if self.mode != "post" and pre_eligible(layer) else "post"
 
-    def decide(self, point: str, candidate: str, local_ok: bool) -> str:
+    def decide(self, point: str, candidate: str, local_ok: bool, layer: Optional[str] = None,
+               width: Optional[int] = None, dtype: torch.dtype = torch.float32) -> str:
         r"""The mode of exchange point :obj:`point`, the same on every rank.
 
         The first call all-reduces whether every rank can run :obj:`candidate`; later calls
         must be able to, or raise (a rank that changed its inputs between calls would
-        otherwise send what nobody expects).
+        otherwise send what nobody expects).  A candidate ``"auto"`` becomes
+        :meth:`auto_mode` of :obj:`layer` (default: the point) for rows of :obj:`width`
+        values of :obj:`dtype`.
         """
         if candidate == "post":
             return "post"
         decided = candidate if self._agreement.decide(point, local_ok) else "post"
+        if decided == "auto":
+            decided = self.auto_mode(layer or point, width, dtype)
         if decided != "post" and not local_ok:
             raise RuntimeError(
                 f"exchange point '{point}' runs {decided}-aggregated, but this call's edge list "
@@ -148,6 +201,86 @@ class AggregationRouter:
                 "pass the batch's edge_index and edge attributes unchanged, or use "
                 "aggregation='post'")
         return decided
+
+    def auto_mode(self, layer: str, width: Optional[int],
+                  dtype: torch.dtype = torch.float32) -> str:
+        r"""The lossless mode predicted fastest for :obj:`layer`'s exchanges of rows of
+        :obj:`width` values (decided on its first call, then held; every rank must make the
+        first call at the same point, as for :meth:`decide`).
+
+        Per direction, each channel a mode uses (post rows, pre partials) costs one
+        collective, :math:`\alpha (P - 1) + B / \beta` with :math:`B` the busiest rank's
+        rows times the codec's wire bytes per row; the codec's own time is added for lossy
+        codecs.  Rows are all-reduced once and the link is the same on every rank, so every
+        rank picks the same mode.  Without a width (a layer whose exchanged width is not
+        known before its first exchange) the mode with the fewest busiest-rank rows wins.
+        """
+        known = self.auto_choices.get(layer)
+        if known is not None:
+            return known[0]
+        rows = self.busiest_rows()
+        world = _world(self.group)
+        predicted: Dict[str, float] = {}
+        for mode in MODES:
+            seconds = 0.0
+            for channel in ("post", "pre"):
+                n = rows[(mode, channel)]
+                if (mode, channel) in (("pre", "post"), ("post", "pre")):
+                    continue  # the mode makes no collective on this channel
+                if width is None:
+                    seconds += n
+                    continue
+                key = f"{layer}.propagate0" + (".x" if channel == "post" else ".pre")
+                for direction in ("forward", "backward"):
+                    seconds += self._channel_seconds(n, width, dtype, key, direction, world)
+            predicted[mode] = seconds
+        # Ties go to the fewest collectives (post, then pre, then hybrid).
+        best = min(MODES, key=lambda m: (predicted[m], MODES.index(m)))
+        self.auto_choices[layer] = (best, predicted)
+        return best
+
+    def _channel_seconds(self, rows: int, width: int, dtype: torch.dtype, key: str,
+                         direction: str, world: int) -> float:
+        from .codecs import IdentityCodec
+
+        link = self.resolved_link()
+        codec = self.policy.codec(key, direction) if self.policy is not None else IdentityCodec()
+        wire = codec.wire_bytes(rows, width, dtype)
+        seconds = link.exchange_seconds(wire, world)
+        if not codec.lossless:
+            raw = rows * width * torch.empty((), dtype=dtype).element_size()
+            seconds += link.codec_seconds(raw, raw)
+        return seconds
+
+    def resolved_link(self) -> Any:
+        r"""The link ``"auto"`` predicts on (measured on the group the first time when none
+        was given)."""
+        from ..planner.link import LinkModel
+
+        if not isinstance(self.link, LinkModel):
+            from ..planner.calibrate import calibrate
+
+            with guarded("link calibration for aggregation='auto'", _rank(self.group),
+                         _peers(self.group), self.timeout):
+                self.link = calibrate(self.group, repeats=20)
+        return self.link
+
+    def busiest_rows(self) -> Dict[Tuple[str, str], int]:
+        r"""Per (mode, channel): the rows the busiest rank sends or receives in one exchange
+        (one all-reduce, the first time)."""
+        if self._busiest_rows is None:
+            keys = [(m, c) for m in MODES for c in ("post", "pre")]
+            local = []
+            for mode, channel in keys:
+                ch = getattr(self.plan(mode), channel)
+                local.append(max(int(ch.send_counts.sum()), int(ch.recv_counts.sum())))
+            buf = torch.tensor(local, dtype=torch.int64)
+            if _world(self.group) > 1:
+                with guarded("aggregation='auto' row counts", _rank(self.group),
+                             _peers(self.group), self.timeout):
+                    dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self.group)
+            self._busiest_rows = {k: int(v) for k, v in zip(keys, buf.tolist())}
+        return self._busiest_rows
 
     # -- inputs ------------------------------------------------------------------------------
     def is_in_edges(self, edge_index: Any) -> bool:
@@ -232,3 +365,16 @@ class AggregationRouter:
             out = torch.bincount(dst, minlength=self.partition.num_owned).to(device, dtype)
             self._cache[key] = out
         return out
+
+
+def _world(group: Optional[Any]) -> int:
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank(group: Optional[Any]) -> int:
+    return dist.get_rank(group) if _world(group) > 1 else 0
+
+
+def _peers(group: Optional[Any]) -> list:
+    rank = _rank(group)
+    return [r for r in range(_world(group)) if r != rank]

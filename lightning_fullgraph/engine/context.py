@@ -26,6 +26,7 @@ class ActiveLayer:
     pending: List[Any] = field(default_factory=list)  # propagate calls awaiting their combine
     training: bool = True  # the layer's mode: decisions are kept apart for train and eval
     variant: str = ""  # marks calls of a rewritten forward (e.g. ".reordered") in point names
+    input_width: Optional[int] = None  # values per row of the forward's first tensor argument
 
 
 def _stack() -> List[ActiveLayer]:

@@ -23,7 +23,7 @@ model's parameters without passing through its output (a submodule called direct
 refused on every rank (:class:`~.gradients.UnreducedBackwardError`); eval mode and
 ``torch.autograd.grad`` are left alone.
 """
-from typing import Any, Iterable, Optional, Tuple, Type
+from typing import Any, Iterable, Mapping, Optional, Tuple, Type, Union
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from .aggregation import MODES, AggregationRouter
+from .config import ExchangeConfig
 from .exchange import HaloExchange
 from .gather import gather_nodes
 from .gradients import (BackwardHooks, all_reduce_gradients, broadcast_parameters, loss_weight,
@@ -58,22 +59,21 @@ def plan_levels(partition, plan) -> Optional[Tuple[Tensor, Tensor]]:
     return send, halo
 
 
+def _modes(aggregation: str) -> Tuple[str, ...]:
+    r"""The plans an engine needs: post always, the configured mode, all three for auto."""
+    return MODES if aggregation == "auto" else tuple(dict.fromkeys(("post", aggregation)))
+
+
 class FullGraphEngine:
     r"""Partitioned full-graph execution for one rank.
 
     Args:
         partition (LocalPartition): This rank's partition.
         group (ProcessGroup, optional): Process group (default: the world).
-        codec (Codec or ExchangePolicy, optional): How halo rows cross the wire, for every
-            exchange point or per point and direction (default: exact).
-        cache (HaloCache, float or str, optional): Adaptive halo cache of training
-            exchanges (:class:`~.cache.HaloCache`; default none).
-        pipeline (AsyncPipeline or str, optional): Asynchronous pipeline of training
-            exchanges (:class:`~.pipeline.AsyncPipeline`, ``"async"``, ``"adaptive"``;
-            default none: synchronous).
-        sampling (BoundarySampling or float, optional): Boundary node sampling of training
-            exchanges (:class:`~.sampling.BoundarySampling` or the kept fraction :math:`p`;
-            default none); combinable with :obj:`cache` or :obj:`pipeline`.
+        exchange (ExchangeConfig or dict, optional): How halo rows cross the wire
+            (aggregation mode, codec, cache, pipeline, sampling, overlap, step aside; see
+            :class:`~.config.ExchangeConfig`; default: exact hybrid aggregation with
+            overlap).
         loss_mask (str): Node mask whose mean the training loss is
             (``"train_mask"``); ranks weight their loss by their share of it.
         loss_reduction (str): ``"mean"`` (default: the loss is a mean over :obj:`loss_mask`,
@@ -82,9 +82,6 @@ class FullGraphEngine:
         timeout (float or timedelta, optional): The collective timeout of
             :obj:`group`, named in error messages (the group enforces it: create it
             with ``dist.new_group(timeout=...)`` or ``init_process_group(timeout=...)``).
-        aggregation (str): ``"hybrid"`` (default), ``"pre"`` or ``"post"``: how cut edges of
-            eligible layers are aggregated (see :mod:`lightning_fullgraph.engine.aggregation`);
-            other layers always post-aggregate.
         seed (int): Seed shared by the ranks, for stochastic codecs.
         cache_static (bool): Compute ``gcn_norm`` once per graph and reuse the aggregation
             of inputs that are the same unchanged tensor as last step (e.g. the raw features
@@ -93,48 +90,31 @@ class FullGraphEngine:
             that change (see :mod:`lightning_fullgraph.engine.static`). Default on.
         ranks_per_host (int, optional): Processes per machine (ranks host-major, as Lightning
             numbers them): inter-host bytes are counted apart in :attr:`stats`.
-        overlap (bool): In synchronous exchanges of sum aggregations run by the kernels
-            (:meth:`use_kernels`), start the halo rows' transfer, aggregate the edges with
-            owned sources meanwhile, then the halo edges (no ``[owned; halo]`` copy either).
-            Exact to floating-point rounding (the sum runs in another order).  Exchanges
-            with a halo cache, the asynchronous pipeline or boundary sampling stay as they
-            are.  Backward too: the halo gradients travel while the owned part's backward
-            runs.  Default on.
-        step_aside (bool or StepAside): Try the policy's stages (sampling, cache, lossy
-            codec, pipeline) against the measured step time after a few steps and keep only
-            those that shorten it (:mod:`~.step_aside`; every rank decides the same).
-            Default off: the decision depends on timings.
     """
 
-    def __init__(self, partition, group: Optional[Any] = None, codec: Any = None,
-                 cache: Any = None, pipeline: Any = None, sampling: Any = None,
-                 loss_mask: str = "train_mask",
-                 timeout: Optional[Any] = None,
-                 aggregation: str = "hybrid", seed: int = 0,
-                 cache_static: bool = True, ranks_per_host: Optional[int] = None,
-                 overlap: bool = True, loss_reduction: str = "mean",
-                 step_aside: Any = False) -> None:
-        if aggregation not in MODES:
-            raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")
+    def __init__(self, partition, group: Optional[Any] = None,
+                 exchange: Union[None, ExchangeConfig, Mapping[str, Any]] = None, *,
+                 loss_mask: str = "train_mask", loss_reduction: str = "mean",
+                 timeout: Optional[Any] = None, seed: int = 0, cache_static: bool = True,
+                 ranks_per_host: Optional[int] = None) -> None:
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        if isinstance(group, (ExchangeConfig, Mapping)):
+            raise TypeError("FullGraphEngine's second argument is the process group: pass "
+                            "the exchange options as exchange=ExchangeConfig(...)")
+        config = ExchangeConfig.of(exchange)
+        self.config = config
         self.partition = partition
         self.group = group
         self.timeout = timeout
-        self.aggregation = aggregation
-        self.policy = ExchangePolicy.of(codec)
-        if cache is not None:
-            self.policy = self.policy.with_cache(cache)
-        if pipeline is not None:
-            self.policy = self.policy.with_pipeline(pipeline)
-        if sampling is not None:
-            self.policy = self.policy.with_sampling(sampling)
+        self.aggregation = config.aggregation
+        self.policy = config.policy()
         self.transport = Transport(group, timeout=timeout, ranks_per_host=ranks_per_host)
         self.exchanges = {mode: HaloExchange(partition.plan(mode), self.transport, self.policy,
                                              seed)
-                          for mode in dict.fromkeys(("post", aggregation))}
+                          for mode in _modes(config.aggregation)}
         self.exchange = self.exchanges["post"]
-        self.overlap = bool(overlap)
+        self.overlap = config.overlap
         for exchange in self.exchanges.values():
             exchange.overlap = self.overlap
             levels = plan_levels(partition, exchange.plan)
@@ -142,12 +122,13 @@ class FullGraphEngine:
                 exchange.set_levels(*levels)
             exchange.set_node_ids(partition.owned_ids[exchange.plan.post.send_index.cpu()],
                                   partition.owned_ids)
-        self.router = AggregationRouter(partition, self.exchanges, aggregation, group, timeout)
+        self.router = AggregationRouter(partition, self.exchanges, config.aggregation, group,
+                                        timeout, link=config.link, policy=self.policy)
         self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
         self.static.mark_loaded(*partition.node_attrs.values())
         self.loss_mask = loss_mask
         self.loss_reduction = loss_reduction
-        self.step_aside = StepAside.of(step_aside)
+        self.step_aside = StepAside.of(config.step_aside)
         if self.step_aside is not None and not self.step_aside.bind(self.policy.stages()):
             self.step_aside = None  # an exact policy: nothing to step aside
         self._model: Optional[PartitionedModel] = None
@@ -239,6 +220,7 @@ class FullGraphEngine:
         if self.attached:
             raise RuntimeError("a model is already attached; call detach() first")
         self.static.clear()
+        self.router.reset()  # another model: its layers decide anew (names may repeat)
         self._model = partition_model(model, self.exchange, trusted_layers, sync_batchnorm,
                                       self.router, self.static)
         if broadcast:

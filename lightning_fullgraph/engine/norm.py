@@ -215,7 +215,11 @@ def _norm_mode(layer, router, call: int, vouched: bool) -> str:
     if router is None or state is None or state.candidate == "post":
         return "post"
     phase = "train" if layer.training else "eval"
-    return router.decide(f"{layer.key}.gcn_norm{call}.{phase}", state.candidate, vouched)
+    # "auto" decides the layer's mode here, before its propagate: the width it will exchange
+    # is the one the layer declares (:func:`~.aggregation.propagated_width`), else its
+    # input's (APPNP propagates what it is given).
+    return router.decide(f"{layer.key}.gcn_norm{call}.{phase}", state.candidate, vouched,
+                         layer.key, state.width or layer.input_width)
 
 
 def _routed_gcn_norm(layer, router, mode, attr, edge_index, edge_weight, num_nodes,

@@ -43,7 +43,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.nn.conv import MessagePassing
 
 from .. import compat
-from .aggregation import PRE_LAYERS, AggregationRouter, pre_eligible
+from .aggregation import PRE_LAYERS, AggregationRouter, pre_eligible, propagated_width
 from .batchnorm import convert_batchnorm, revert_batchnorm
 from .graphnorm import convert_cross_node_norms, revert_cross_node_norms
 from .laplacian import wrap_chebyshev_norm
@@ -97,11 +97,14 @@ class LayerState:
         candidate (str): Its mode when its inputs allow (``"post"`` if ineligible).
         mean (bool): Its mean aggregation runs as a sum divided by the in-degree.
         edge_args (Tuple[str, ...]): ``propagate`` arguments aligned with the edges.
+        width (int, optional): Values per row it exchanges, as declared
+            (:func:`~.aggregation.propagated_width`; for ``aggregation="auto"``).
     """
     key: str
     candidate: str = "post"
     mean: bool = False
     edge_args: Tuple[str, ...] = ()
+    width: Optional[int] = None
 
 
 @dataclass
@@ -165,7 +168,7 @@ class PartitionedModel:
             self._aggr_swaps.append((layer, layer.aggr_module))
             layer.aggr_module = pyg_aggr.SumAggregation()
         cls = next(c for c in PRE_LAYERS if isinstance(layer, c))
-        return LayerState(key, candidate, mean, PRE_LAYERS[cls])
+        return LayerState(key, candidate, mean, PRE_LAYERS[cls], propagated_width(layer))
 
     def _exchange_of(self, key: str) -> HaloExchange:
         return self._exchanges.get(key, self.exchange)
@@ -292,8 +295,11 @@ class PartitionedModel:
                 raise UnsupportedLayerError(
                     f"'{state.key}' ({type(module).__name__}) "
                     f"{TRAINING_REFUSED_LAYERS[type(module).__name__]}")
+            first = next((a for a in args if isinstance(a, Tensor) and a.dim() > 0), None)
             push_layer(ActiveLayer(state.key, self._exchange_of(state.key), owner=self,
-                                   state=state, training=module.training))
+                                   state=state, training=module.training,
+                                   input_width=None if first is None
+                                   else first.numel() // max(1, first.size(0))))
         return hook
 
     def _wrap_propagate(self, layer: MessagePassing) -> None:
@@ -340,7 +346,7 @@ class PartitionedModel:
             if state is not None and state.candidate != "post":
                 phase = "train" if module.training else "eval"
                 mode = self._mode_of_call(f"{key}.{what}{call}.{phase}", edge_index, kwargs,
-                                          state)
+                                          state, _source_width(module, kwargs, source_args))
                 if mode != "post":
                     return self._rewrite(module, mode, f"{key}.{what}{call}", edge_index, size,
                                          kwargs, source_args, state, active)
@@ -367,12 +373,13 @@ class PartitionedModel:
 
     # -- pre / hybrid ---------------------------------------------------------------
     def _mode_of_call(self, point: str, edge_index: Any, kwargs: Dict[str, Any],
-                      state: LayerState) -> str:
+                      state: LayerState, width: Optional[Tuple[int, torch.dtype]]) -> str:
         router = self.router
         made = router.graph_mode(edge_index)
         if made is not None:  # the engine's gcn_norm made this edge list: already decided
             return made
-        return router.decide(point, state.candidate, self._vouched(edge_index, kwargs, state))
+        return router.decide(point, state.candidate, self._vouched(edge_index, kwargs, state),
+                             state.key, *(width or (None, )))
 
     def _vouched(self, edge_index: Any, kwargs: Dict[str, Any], state: LayerState) -> bool:
         r"""Whether the call sees the partition's in-edges and edge values senders hold."""
@@ -419,6 +426,18 @@ class PartitionedModel:
                 f"but this rank owns {n_own} nodes: feed the model the rank-local "
                 "batch (batch.x of the partition), not the global graph")
         return exchange.extend(value, key=point, dim=dim)
+
+
+def _source_width(module: MessagePassing, kwargs: Dict[str, Any],
+                  source_args: Tuple[str, ...]) -> Optional[Tuple[int, torch.dtype]]:
+    r"""Values per row and dtype of the first source rows a ``propagate`` call exchanges."""
+    for arg in source_args:
+        value = kwargs.get(arg)
+        own = value[0] if isinstance(value, (tuple, list)) and value else value
+        if isinstance(own, Tensor) and own.dim() > 0:
+            dim = module.node_dim % own.dim() if own.dim() > 1 else 0
+            return own.numel() // max(1, own.size(dim)), own.dtype
+    return None
 
 
 def _static_propagate(layer: MessagePassing, key: str, inner: Callable,

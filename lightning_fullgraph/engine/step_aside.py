@@ -24,7 +24,7 @@ script may decide differently (it is logged, and checkpointed with the random st
 resumed run keeps it).  On by default where users train (``FullGraphStrategy``,
 ``setup_fullgraph``, ``lightning-fullgraph train``; ``step_aside=False`` or ``--no-step-aside``
 keeps the configured policy throughout); off in the lower-level ``FullGraphEngine``
-(``FullGraphEngine(step_aside=True)``).
+(``ExchangeConfig(step_aside=True)``).
 """
 import itertools
 import logging

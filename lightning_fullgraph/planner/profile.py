@@ -474,6 +474,7 @@ def profile_model(model: torch.nn.Module, in_channels: Optional[int] = None, *,
             "profile_model runs the model on a one-process engine and cannot do so in a "
             f"process whose default process group has {dist.get_world_size()} ranks; call it "
             "before init_process_group or in the launching process")
+    from ..engine.config import ExchangeConfig
     from ..engine.policy import ExchangePolicy
     if any(getattr(c, "per_node", False) for c in ExchangePolicy.of(codec).codecs()):
         raise ValueError("profile_model: per-node bit widths (codec 'adaptive') are not "
@@ -488,7 +489,8 @@ def profile_model(model: torch.nn.Module, in_channels: Optional[int] = None, *,
     data = _probe_graph(num_nodes, in_channels, dtype, seed)
     part = build_local_partitions(data, torch.zeros(data.num_nodes, dtype=torch.long),
                                   num_parts=1)[0]
-    engine = FullGraphEngine(part, aggregation=aggregation, codec=codec, **engine_kwargs)
+    exchange = ExchangeConfig(aggregation=aggregation, codec=codec, step_aside=False)
+    engine = FullGraphEngine(part, exchange=exchange, **engine_kwargs)
     if device.type != "cpu":
         engine.to(device)
     local = engine.data

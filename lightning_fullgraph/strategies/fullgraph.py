@@ -46,9 +46,8 @@ from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from .. import compat
-from ..engine import (AsyncPipeline, BoundarySampling, Codec, ExchangePolicy, FullGraphEngine,
-                      HaloCache)
-from ..engine.aggregation import MODES as AGGREGATION_MODES
+from ..engine import ExchangeConfig, FullGraphEngine
+from ..engine.config import refuse_moved_arguments
 from ..engine.step_aside import StepAside
 from .faults import BoundedRunMixin, as_timedelta, refuse_unknown_arguments
 
@@ -106,49 +105,15 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             of freed blocks for the next step's tensors (its block cache, on by default:
             ``kernels.set_block_cache``, ``LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE=0`` turns it
             off).
-        codec (str, Codec or ExchangePolicy, optional): How halo rows cross the wire, for
-            every exchange point or per point and direction: a name (``"fp32"``, ``"bf16"``,
-            ``"int8"``, ``"int4"``, ``"int2"``, ``"int1"``; see
-            :mod:`lightning_fullgraph.engine.codecs.registry`), a codec or a policy
-            (default: exact).  A lossy codec is announced at setup and its bits per feature
-            are logged (``comm/bits``).
-        cache (str, float or HaloCache, optional): Adaptive halo cache of training
-            exchanges (CDFGNN): rows and gradients are sent again only when they moved by
-            more than a relative threshold :math:`\epsilon` (``"adaptive"``: the defaults
-            of :class:`~lightning_fullgraph.engine.HaloCache`, :math:`\epsilon = 0.01`,
-            at most 20 steps stale; a number: that :math:`\epsilon`; ``0`` is exact).  Pair
-            it with :class:`~lightning_fullgraph.callbacks.AdaptiveCacheThreshold` to adapt
-            :math:`\epsilon` during training.  Default none.
-        pipeline (str or AsyncPipeline, optional): Asynchronous halo pipeline (PipeGCN):
-            ``"async"`` trains on halo rows and gradients one epoch stale while this epoch's
-            are in flight (at most ``max_async_epochs`` = 10 epochs in a row, then one
-            synchronous); ``"adaptive"`` lets
-            :class:`~lightning_fullgraph.callbacks.PipelineAdaptor` switch between sync and
-            async from the loss-descent rate (SYLVIE).  Default none (synchronous, exact).
-        boundary_sampling (float or BoundarySampling, optional): Boundary node sampling
-            (BNS-GCN): each training epoch every rank keeps this fraction :math:`p` of its
-            halo nodes, and of the partial aggregates it receives under pre/hybrid
-            aggregation, scaled by :math:`1/p` (unbiased for sum and mean aggregations);
-            ``1`` is exact; ``BoundarySampling(p, pre=False)`` samples source rows only.
-            Combines with :obj:`cache` (the cache chooses among the kept rows).  Default
-            none.
-        overlap (bool): Overlap the synchronous halo exchange with the aggregation of the
-            edges whose sources are local (sum aggregations on the kernels; see
-            :class:`~lightning_fullgraph.engine.FullGraphEngine`), forward and backward.
-            Default on.
-        step_aside (bool or StepAside): After a few training steps, time the configured
-            reductions (boundary sampling, cache, lossy codec, pipeline) against the step
-            with each left out, and keep only those that shorten it
-            (:class:`~lightning_fullgraph.engine.step_aside.StepAside`; every rank decides
-            the same, the decision is logged and checkpointed): a reduction never makes
-            training slower.  Default on; nothing to try with an exact policy.  The decision
-            depends on measured times, so two runs of a lossy policy may keep different
-            stages: ``False`` keeps the configured policy throughout.
-        aggregation (str): How cut edges of sum/mean layers with scalar edge messages
-            (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
-            (default; SuperGCN's minimum-vertex-cover mix, never more rows than either
-            pure scheme), ``"post"`` (send source rows) or ``"pre"`` (send partial
-            aggregates).  Lossless in every mode; other layers always post-aggregate.
+        exchange (ExchangeConfig or dict, optional): How halo rows cross the wire: the
+            aggregation mode (``"hybrid"`` by default, ``"post"``, ``"pre"`` or ``"auto"``),
+            a codec, the adaptive halo cache, the asynchronous pipeline, boundary sampling,
+            overlap (on) and stepping aside (on: after a few steps, the configured
+            reductions are timed against the step without them and only those that shorten
+            it are kept; the decision is logged and checkpointed); see
+            :class:`~lightning_fullgraph.engine.ExchangeConfig`.  Default: exact.  A lossy
+            configuration is announced at setup and its bits per feature are logged
+            (``comm/bits``).
         timeout (timedelta or float): Collective timeout of training: every collective
             after start-up, the engine's (halo exchanges, gradient and BatchNorm all-reduces,
             the per-step signal agreement) and Lightning's own (metric synchronization,
@@ -177,13 +142,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                  sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
                  huge_pages: Optional[bool] = None,
-                 codec: Union[None, str, Codec, ExchangePolicy] = None,
-                 cache: Union[None, str, float, HaloCache] = None,
-                 pipeline: Union[None, str, AsyncPipeline] = None,
-                 boundary_sampling: Union[None, float, BoundarySampling] = None,
-                 overlap: bool = True,
-                 step_aside: Union[bool, StepAside] = True,
-                 aggregation: str = "hybrid",
+                 exchange: Optional[ExchangeConfig] = None,
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
                  timeout: Union[float, timedelta] = timedelta(minutes=5),
                  startup_timeout: Union[float, timedelta] = timedelta(minutes=30),
@@ -191,9 +150,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
                  log_communication: bool = True, **kwargs: Any) -> None:
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        if aggregation not in AGGREGATION_MODES:
-            raise ValueError(f"aggregation must be one of {AGGREGATION_MODES}, "
-                             f"got {aggregation!r}")
+        refuse_moved_arguments(type(self).__name__, kwargs)
         refuse_unknown_arguments(type(self).__name__, kwargs, _OWN_ARGUMENTS)
         timeout, startup_timeout = as_timedelta(timeout, "timeout"), \
             as_timedelta(startup_timeout, "startup_timeout")
@@ -207,16 +164,12 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         if huge_pages not in (None, True, False):
             raise ValueError(f"huge_pages must be None, True or False, got {huge_pages!r}")
         self.huge_pages = huge_pages
-        self.codec = codec
-        ExchangePolicy.of(codec)  # an unknown codec name fails here, not at setup on every rank
-        self.cache = HaloCache.of(cache)  # validated now, not at setup on every rank
-        self.pipeline = AsyncPipeline.of(pipeline)
-        self.boundary_sampling = BoundarySampling.of(boundary_sampling)
-        # Refuses what cannot be combined, here rather than at setup on every rank.
-        ExchangePolicy(cache=self.cache, pipeline=self.pipeline, sampling=self.boundary_sampling)
-        self.aggregation = aggregation
-        self.overlap = bool(overlap)
-        self.step_aside = StepAside.of(step_aside)
+        # Checked now (an unknown codec, stages that cannot combine), not at setup on every
+        # rank.
+        self.exchange = ExchangeConfig.of(exchange)
+        # One step-aside decision per strategy: fit's decision is what validate and test
+        # report, and what a checkpoint restores into the next engine.
+        self._step_aside = StepAside.of(self.exchange.step_aside)
         self.num_threads = num_threads
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
@@ -364,19 +317,16 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             raise ValueError("full-graph training takes one batch per epoch; "
                              "accumulate_grad_batches must be 1")
         group = self._engine_group()
-        self.engine = FullGraphEngine(partition, group=group, codec=self.codec,
-                                      cache=self.cache, pipeline=self.pipeline,
-                                      sampling=self.boundary_sampling,
+        exchange = self.exchange.replace(step_aside=self._step_aside or False)
+        self.engine = FullGraphEngine(partition, group=group, exchange=exchange,
                                       loss_mask=self.loss_mask,
                                       loss_reduction=self.loss_reduction,
                                       timeout=self.collective_timeout,
-                                      aggregation=self.aggregation,
-                                      ranks_per_host=self.num_processes,
-                                      overlap=self.overlap, step_aside=self.step_aside)
+                                      ranks_per_host=self.num_processes)
         if not self.engine.policy.lossless:
             rank_zero_warn(f"FullGraphStrategy: halo rows cross the wire with a lossy codec "
                            f"or cache ({self.engine.policy.describe()}); training is not exact "
-                           "(use codec=None, cache=None for the single-process result)",
+                           "(use the default ExchangeConfig() for the single-process result)",
                            category=UserWarning)
         super().setup(trainer)
         self._bound_collectives()
@@ -516,8 +466,7 @@ def _data_error(problem: str, fix: str) -> str:
 
 
 _OWN_ARGUMENTS = ("loss_mask", "loss_reduction", "trusted_layers", "sync_batchnorm", "kernels",
-                  "huge_pages", "codec", "cache", "pipeline", "boundary_sampling", "overlap",
-                  "step_aside", "aggregation", "timeout", "startup_timeout", "num_threads",
+                  "huge_pages", "exchange", "timeout", "startup_timeout", "num_threads",
                   "log_communication")
 
 FullGraphStrategy.register_strategies(StrategyRegistry)

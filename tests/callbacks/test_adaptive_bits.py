@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_fullgraph.callbacks import (AdaptiveBitWidth, BitWidthController, apply_bit_width,
                                            exchange_codecs)
-from lightning_fullgraph.engine import ExchangePolicy, IdentityCodec
+from lightning_fullgraph.engine import ExchangeConfig, ExchangePolicy, IdentityCodec
 from lightning_fullgraph.testing import run_distributed
 
 
@@ -195,8 +195,9 @@ def _trainer(tmp, epochs, callbacks):
     import lightning.pytorch as pl
     from lightning_fullgraph import FullGraphStrategy
     return pl.Trainer(accelerator="cpu", devices=2, precision="32-true", max_epochs=epochs,
-                      strategy=FullGraphStrategy(codec=BitsCodec(), kernels=None, timeout=60,
-                                                 log_communication=False, step_aside=False),
+                      strategy=FullGraphStrategy(exchange=ExchangeConfig(codec=BitsCodec(),
+                                                                         step_aside=False),
+                                                 kernels=None, timeout=60, log_communication=False),
                       callbacks=callbacks, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp, num_sanity_val_steps=0)
 

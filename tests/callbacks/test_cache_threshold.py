@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from lightning_fullgraph.callbacks import AdaptiveCacheThreshold, CacheThresholdController
 from lightning_fullgraph.testing import run_distributed
+from lightning_fullgraph.engine import ExchangeConfig
 
 
 def _trace(controller, accuracies):
@@ -109,8 +110,10 @@ def _trainer(tmp, epochs, callbacks):
 
     from lightning_fullgraph import FullGraphStrategy
     return pl.Trainer(accelerator="cpu", devices=2, precision="32-true", max_epochs=epochs,
-                      strategy=FullGraphStrategy(codec="int2", cache="adaptive", kernels=None,
-                                                 timeout=60, step_aside=False),
+                      strategy=FullGraphStrategy(exchange=ExchangeConfig(codec="int2",
+                                                                         cache="adaptive",
+                                                                         step_aside=False),
+                                                 kernels=None, timeout=60),
                       callbacks=callbacks, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp, num_sanity_val_steps=0)
 

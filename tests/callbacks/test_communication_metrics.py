@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightning_fullgraph.engine import AsyncPipeline, FullGraphEngine
+from lightning_fullgraph.engine import AsyncPipeline, ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.engine.codecs.node_adaptive import NodeAdaptiveCodec
 from lightning_fullgraph.partition import build_local_partitions, metis_partition
 from lightning_fullgraph.testing import run_distributed
@@ -46,8 +46,9 @@ def _part(rank, world_size):
 
 
 def _adaptive(rank, world_size):
-    engine = FullGraphEngine(_part(rank, world_size), codec=NodeAdaptiveCodec(bits=1),
-                             aggregation="post")
+    engine = FullGraphEngine(_part(rank, world_size),
+                             exchange=ExchangeConfig(codec=NodeAdaptiveCodec(bits=1),
+                                                     aggregation="post", step_aside=False))
     logged = _epochs(engine, 1)[0]
     engine.drain()
     ex = engine.exchange
@@ -67,8 +68,9 @@ def test_bits_of_a_per_node_codec_are_the_widths_sent():
 
 
 def _pipelined(rank, world_size):
-    engine = FullGraphEngine(_part(rank, world_size), pipeline=AsyncPipeline("async", 2),
-                             aggregation="post")
+    engine = FullGraphEngine(_part(rank, world_size),
+                             exchange=ExchangeConfig(pipeline=AsyncPipeline("async", 2),
+                                                     aggregation="post", step_aside=False))
     logged = [e["comm/async"] for e in _epochs(engine, 5)]
     engine.drain()
     return logged

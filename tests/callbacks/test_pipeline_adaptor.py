@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from lightning_fullgraph.callbacks import PipelineAdaptor, PipelineController
 from lightning_fullgraph.testing import run_distributed
+from lightning_fullgraph.engine import ExchangeConfig
 
 
 def _modes(controller, losses):
@@ -88,8 +89,9 @@ def _trainer(tmp, epochs, callbacks):
     from lightning_fullgraph import FullGraphStrategy
     return pl.Trainer(accelerator="cpu", devices=2, precision="32-true", max_epochs=epochs,
                       # The adaptor's own decisions, without a step-aside trial beside them.
-                      strategy=FullGraphStrategy(pipeline="adaptive", kernels=None, timeout=60,
-                                                 step_aside=False),
+                      strategy=FullGraphStrategy(exchange=ExchangeConfig(pipeline="adaptive",
+                                                                         step_aside=False),
+                                                 kernels=None, timeout=60),
                       callbacks=callbacks, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp, num_sanity_val_steps=0)
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lightning_fullgraph.engine import ExchangePolicy, FullGraphEngine, HaloCache
+from lightning_fullgraph.engine import ExchangeConfig, ExchangePolicy, FullGraphEngine, HaloCache
 from lightning_fullgraph.engine.cache import (mask_bytes, pack_mask, per_peer, select_rows,
                                               unpack_mask)
 from lightning_fullgraph.engine.codecs.registry import codec_from_name
@@ -72,7 +72,9 @@ def _steps(rank, world_size, codec_name, epsilon, rate=None, budgeted=False):
     part = build_local_partitions(data, parts)[rank]
     codec = codec_from_name(codec_name)
     cache = HaloCache(epsilon, max_age=4, budgeted=budgeted)
-    engine = FullGraphEngine(part, codec=codec, cache=cache, sampling=rate, aggregation="post")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(codec=codec, cache=cache, sampling=rate,
+                                                     aggregation="post", step_aside=False))
     ex = engine.exchange
     g = torch.Generator().manual_seed(7)
     x_global = data.x.clone()
@@ -118,7 +120,7 @@ def _steps(rank, world_size, codec_name, epsilon, rate=None, budgeted=False):
             mirror=mirror_rows, held=state.held.clone()))
     # Each rank's mirror (one row per send slot) must equal what its receivers hold: send the
     # mirrors exactly (an engine without cache) and compare with the held copies.
-    exact = FullGraphEngine(part, aggregation="post").exchange
+    exact = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="post")).exchange
     received = exact._send(report[-1]["mirror"], exact._post_send, exact._post_recv, "m",
                            "forward")
     mirror_equals_cache = torch.equal(received, report[-1]["held"])
@@ -177,7 +179,9 @@ def _fresh_eval(rank, world_size):
     data = skewed_graph(num_nodes=120, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
-    engine = FullGraphEngine(part, cache=HaloCache(10.0, max_age=1000), aggregation="post")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(cache=HaloCache(10.0, max_age=1000),
+                                                     aggregation="post", step_aside=False))
     ex = engine.exchange
     x0 = data.x[part.owned_ids]
     layer_exchange(ex, x0)  # fills the cache
@@ -202,7 +206,9 @@ def _train(rank, world_size, cache, kind):
     part = build_local_partitions(data, parts)[rank]
     torch.manual_seed(0)
     model = Net(kind, 8, 4)
-    engine = FullGraphEngine(part, cache=cache, aggregation="hybrid")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(cache=cache, aggregation="hybrid",
+                                                     step_aside=False))
     engine.attach(model)
     local = engine.data
     opt = torch.optim.Adam(model.parameters(), lr=0.02)

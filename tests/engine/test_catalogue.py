@@ -21,6 +21,7 @@ from lightning_fullgraph.testing import run_distributed
 
 from .catalogue import (CatalogueNet, catalogue, catalogue_graph, coverage_table,
                         degree_histogram, graph_tensors)
+from lightning_fullgraph.engine import ExchangeConfig
 
 FP32 = 1e-5
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "layers.md"
@@ -48,7 +49,8 @@ def _compare_catalogue(rank: int, world_size: int, aggregation: str) -> dict:
     torch.manual_seed(0)
     data = catalogue_graph()
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
-    engine = FullGraphEngine(build_local_partitions(data, parts)[rank], aggregation=aggregation)
+    engine = FullGraphEngine(build_local_partitions(data, parts)[rank],
+                             exchange=ExchangeConfig(aggregation=aggregation))
     local = engine.data
     results = {}
     for name, entry in catalogue(degree_histogram(data)).items():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lightning_fullgraph.engine import ExchangePolicy
+from lightning_fullgraph.engine import ExchangeConfig, ExchangePolicy
 from lightning_fullgraph.engine.codecs import IdentityCodec
 from lightning_fullgraph.engine.codecs.registry import CODEC_NAMES, codec_from_name, wire_bits
 
@@ -67,7 +67,7 @@ def test_engine_takes_a_codec_name(tmp_path):
     from .models import skewed_graph
     data = skewed_graph()
     part = build_local_partitions(data, torch.zeros(data.num_nodes, dtype=torch.long))[0]
-    engine = FullGraphEngine(part, codec="int4")
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(codec="int4", step_aside=False))
     assert engine.policy.describe() == "int4"
 
 

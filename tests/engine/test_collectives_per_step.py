@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_fullgraph.engine import FullGraphEngine, HaloCache
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine, HaloCache
 from lightning_fullgraph.testing import count_collectives, run_distributed
 
 from .models import rank_partition
@@ -38,7 +38,8 @@ def _engine(part, config):
     kwargs = {"int2": dict(codec="int2"), "cache": dict(cache=0.01),
               "budgeted": dict(cache=HaloCache(0.01, budgeted=True)),
               "pipeline": dict(pipeline="async"), "sampling": dict(sampling=0.5)}.get(option, {})
-    return FullGraphEngine(part, aggregation=mode, **kwargs)
+    return FullGraphEngine(part, exchange=ExchangeConfig(aggregation=mode, step_aside=False,
+                                                         **kwargs))
 
 
 def _model(kind, in_channels):

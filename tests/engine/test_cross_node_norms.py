@@ -23,6 +23,7 @@ from lightning_fullgraph.partition import build_local_partitions, metis_partitio
 from lightning_fullgraph.testing import run_distributed
 
 from .models import HIDDEN, skewed_graph
+from lightning_fullgraph.engine import ExchangeConfig
 
 FP32, FP64 = 1e-5, 1e-10
 EPOCHS = 20
@@ -93,7 +94,7 @@ def _compare_norms(rank: int, world_size: int, aggregation: str, group=None):
     data = skewed_graph()
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     engine = FullGraphEngine(build_local_partitions(data, parts)[rank], group,
-                             aggregation=aggregation)
+                             exchange=ExchangeConfig(aggregation=aggregation))
     local = engine.data
     errors = {}
     for norm in NORMS:

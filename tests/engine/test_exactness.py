@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.partition import build_local_partitions, metis_partition
 from lightning_fullgraph.testing import run_distributed
 
@@ -95,7 +95,7 @@ def _compare_all_layers(rank: int, world_size: int, aggregation: str = "post"):
     data = skewed_graph()
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
-    engine = FullGraphEngine(part, aggregation=aggregation)
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=aggregation))
     local = engine.data
     errors = {}
     for kind in _kinds(aggregation):

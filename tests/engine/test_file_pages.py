@@ -8,6 +8,7 @@ import torch
 
 from lightning_fullgraph.engine.file_pages import release_file_pages
 from lightning_fullgraph.engine.static import StaticCache
+from lightning_fullgraph.engine import ExchangeConfig
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="madvise(MADV_PAGEOUT) and /proc/self/pagemap are Linux's")
@@ -104,7 +105,7 @@ def _train_from_disk(rank, world_size, pdir, release):
     from lightning_fullgraph.engine import FullGraphEngine
     from lightning_fullgraph.partition import load_partition
     part = load_partition(pdir, rank, num_parts=world_size)  # torch.load(mmap=True)
-    engine = FullGraphEngine(part, aggregation="hybrid")
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="hybrid"))
     engine.static.release_inputs = release
     data = engine.data
     torch.manual_seed(1)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch_geometric.nn.models import GCN, GraphSAGE
 
 from lightning_fullgraph import kernels as K
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.testing import run_distributed
 
 from .models import rank_partition
@@ -41,7 +41,8 @@ def _run(rank, world_size, kind, aggregation):
     ref = _model(kind, data.num_features, 4)
     runs = {}
     for amp in (False, True):
-        engine = FullGraphEngine(part, aggregation=aggregation)  # static cache on (default)
+        # static cache on (default)
+        engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=aggregation))
         model = copy.deepcopy(ref)
         engine.attach(model)
         engine.use_kernels("auto")

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.engine.codecs.node_adaptive import LEVEL_BITS, NodeAdaptiveCodec
 from lightning_fullgraph.engine.codecs.quantize import HEADER_BYTES
 from lightning_fullgraph.partition import build_local_partitions, metis_partition
@@ -63,7 +63,9 @@ def _exchange(rank, world_size, base_bits):
     data = skewed_graph(num_nodes=200, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
-    engine = FullGraphEngine(part, codec=NodeAdaptiveCodec(bits=base_bits), aggregation="post")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(codec=NodeAdaptiveCodec(bits=base_bits),
+                                                     aggregation="post", step_aside=False))
     ex = engine.exchange
     x = data.x[part.owned_ids].requires_grad_()
     out = ex.extend(x, key="probe")

@@ -10,6 +10,7 @@ from torch_geometric.utils import add_remaining_self_loops, scatter
 from lightning_fullgraph.engine.aggregation import AggregationRouter
 from lightning_fullgraph.engine.norm import _owned_degree, _self_loop_values
 from lightning_fullgraph.partition import build_local_partitions
+from lightning_fullgraph.engine import ExchangeConfig
 
 
 def _graph_with_self_loops(n=30, e=200, seed=0):
@@ -98,7 +99,8 @@ def _normalized_weights(rank, world_size, options):
     for kwargs in ({}, options):
         torch.manual_seed(0)
         conv = GCNConv(data.num_features, 4)
-        engine = FullGraphEngine(part, aggregation="post", **kwargs)
+        engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="post",
+                                                               step_aside=False, **kwargs))
         engine.attach(conv)
         local = engine.data
         conv(local.x, local.edge_index, local.edge_weight).sum().backward()

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.testing import run_distributed
 
 from .models import rank_partition
@@ -88,8 +88,9 @@ def _run(rank, world_size, kind, aggregation):
     for overlap in (False, True):
         calls[0] = 0
         events.clear()
-        engine = FullGraphEngine(part, aggregation=aggregation, cache_static=False,
-                                 overlap=overlap)
+        engine = FullGraphEngine(part,
+                                 exchange=ExchangeConfig(aggregation=aggregation, overlap=overlap),
+                                 cache_static=False)
         model = copy.deepcopy(ref)
         engine.attach(model)
         engine.use_kernels("auto")

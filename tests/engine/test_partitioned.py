@@ -3,7 +3,7 @@ partial aggregates into the aggregation's own output, never into one a user's ho
 import torch
 from torch_geometric.nn import SAGEConv
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.testing import run_distributed
 
 from .models import rank_partition
@@ -17,7 +17,7 @@ def _hooked_propagate(rank, world_size, hooked):
     if hooked:  # registered before the engine's own propagate hook
         conv.register_propagate_forward_hook(
             lambda m, i, o: seen.append((o, o.detach().clone())))
-    engine = FullGraphEngine(part, aggregation="pre", cache_static=False)
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="pre"), cache_static=False)
     engine.attach(conv)
     local = engine.data
     out = conv(local.x, local.edge_index)

@@ -7,6 +7,7 @@ from lightning_fullgraph.partition import build_local_partitions, metis_partitio
 from lightning_fullgraph.testing import run_distributed
 
 from .models import layer_exchange, skewed_graph
+from lightning_fullgraph.engine import ExchangeConfig
 
 F = 6
 
@@ -43,7 +44,9 @@ def _stale_steps(rank, world_size, schedule):
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
     pipeline = AsyncPipeline("async", max_async_epochs=3)
-    engine = FullGraphEngine(part, pipeline=pipeline, aggregation="post")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(pipeline=pipeline, aggregation="post",
+                                                     step_aside=False))
     ex = engine.exchange
     n_own = ex.num_owned
     rows, grads = [], []

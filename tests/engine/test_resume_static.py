@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn.models import GCN, GraphSAGE
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.engine.codecs import QuantizedCodec
 from lightning_fullgraph.testing import run_distributed
 
@@ -35,7 +35,8 @@ def _resume(rank, world_size, kind, input_dropout, at):
     def fresh(seed):
         torch.manual_seed(seed)
         model = models[kind](data.num_features, 16, 2, 4)
-        engine = FullGraphEngine(part, codec=QuantizedCodec(2))
+        engine = FullGraphEngine(part,
+                                 exchange=ExchangeConfig(codec=QuantizedCodec(2), step_aside=False))
         engine.attach(model)
         engine.use_kernels("auto")  # GCNConv aggregates the unchanged features first
         return engine, model, torch.optim.Adam(model.parameters(), lr=0.01)

@@ -11,6 +11,7 @@ from lightning_fullgraph.partition import build_local_partitions, metis_partitio
 from lightning_fullgraph.testing import run_distributed
 
 from .models import layer_exchange, skewed_graph
+from lightning_fullgraph.engine import ExchangeConfig
 
 F = 5
 
@@ -49,7 +50,9 @@ def _monte_carlo(rank, world_size, rate, steps):
     data = skewed_graph(num_nodes=90, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
-    engine = FullGraphEngine(part, sampling=rate, aggregation="post")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(sampling=rate, aggregation="post",
+                                                     step_aside=False))
     ex = engine.exchange
     x = data.x[part.owned_ids].double()
     total = torch.zeros(ex.num_halo, F, dtype=torch.float64)
@@ -107,7 +110,9 @@ def _partials(rank, world_size, sampling, steps):
     data = skewed_graph(num_nodes=90, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
-    engine = FullGraphEngine(part, sampling=sampling, aggregation="pre")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(sampling=sampling, aggregation="pre",
+                                                     step_aside=False))
     ex = engine.exchanges["pre"]
     n, slots = ex.num_owned, ex.num_pre_slots
     g = torch.Generator().manual_seed(rank)
@@ -173,7 +178,9 @@ def _train(rank, world_size, sampling, cache=None, kind="gcn"):
     part = build_local_partitions(data, parts)[rank]
     torch.manual_seed(0)
     model = Net(kind, 8, 4)
-    engine = FullGraphEngine(part, sampling=sampling, cache=cache, aggregation="hybrid")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(sampling=sampling, cache=cache,
+                                                     aggregation="hybrid", step_aside=False))
     engine.attach(model)
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     outs = []
@@ -222,8 +229,10 @@ def _first_kept(rank, world_size):
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
     # epsilon 10: no row that arrived once is ever resent (the features do not change).
-    engine = FullGraphEngine(part, cache=HaloCache(10.0, max_age=1000), sampling=0.5,
-                             aggregation="post")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(cache=HaloCache(10.0, max_age=1000),
+                                                     sampling=0.5, aggregation="post",
+                                                     step_aside=False))
     ex = engine.exchange
     x = data.x[part.owned_ids]
     truth = data.x[part.halo_ids]
@@ -253,9 +262,9 @@ def _pipelined_sampling(rank, world_size, steps):
     part = build_local_partitions(data, parts)[rank]
     out = {}
     for pipelined in (False, True):
-        engine = FullGraphEngine(part, sampling=0.5, aggregation="pre",
-                                 pipeline=AsyncPipeline("async", max_async_epochs=0)
-                                 if pipelined else None)
+        pipeline = AsyncPipeline("async", max_async_epochs=0) if pipelined else None
+        engine = FullGraphEngine(part, exchange=ExchangeConfig(
+            sampling=0.5, aggregation="pre", pipeline=pipeline, step_aside=False))
         post, pre = engine.exchanges["post"], engine.exchanges["pre"]
         n, slots = pre.num_owned, pre.num_pre_slots
         runs = []

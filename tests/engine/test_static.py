@@ -13,7 +13,7 @@ from torch import nn
 from torch_geometric.nn import GCNConv, SAGEConv, TAGConv
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.testing import run_distributed
 
 from .models import rank_partition
@@ -66,7 +66,8 @@ def _run(rank, world_size, kind, aggregation, input_dropout):
     ref = _reference(kind, data)
     out = {}
     for cache in (False, True):
-        engine = FullGraphEngine(part, aggregation=aggregation, cache_static=cache)
+        engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=aggregation),
+                                 cache_static=cache)
         model = copy.deepcopy(ref)
         engine.attach(model)
         losses = _train(model, engine.data, EPOCHS, input_dropout, engine.backward)
@@ -177,7 +178,7 @@ def _edited_weight(rank, world_size):
     data, part = rank_partition(rank, world_size)
     torch.manual_seed(1)
     conv = GCNConv(data.num_features, 4)
-    engine = FullGraphEngine(part, aggregation="post")
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="post"))
     engine.attach(conv)
     local = engine.data
     conv(local.x, local.edge_index, local.edge_weight)
@@ -190,7 +191,8 @@ def _edited_weight(rank, world_size):
     # Without the cache, every call normalizes what it is given.
     results = []
     for cache in (False, ):
-        engine = FullGraphEngine(part, aggregation="post", cache_static=cache)
+        engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="post"),
+                                 cache_static=cache)
         engine.attach(conv)
         a = conv(local.x, local.edge_index, local.edge_weight)
         b = conv(local.x, local.edge_index, local.edge_weight * 2)
@@ -279,7 +281,7 @@ def _sampled(rank, world_size, kind):
     from torch_geometric.nn.conv.gcn_conv import gcn_norm
     from torch_geometric.utils import scatter
     data, part = rank_partition(rank, world_size)
-    engine = FullGraphEngine(part, sampling=0.5)
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(sampling=0.5, step_aside=False))
     model = _reference(kind, data)
     engine.attach(model)
 
@@ -319,7 +321,9 @@ def _mixed_gradients(rank, world_size):
     from lightning_fullgraph.engine import HaloCache
     data, part = rank_partition(rank, world_size)
     conv = SAGEConv(data.num_features, 4)
-    engine = FullGraphEngine(part, sampling=0.5, cache=HaloCache(0.0), aggregation="post")
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(sampling=0.5, cache=HaloCache(0.0),
+                                                     aggregation="post", step_aside=False))
     engine.attach(conv)
     local = engine.data
     conv(local.x, local.edge_index)  # static on every rank: agreed eligible, kept

@@ -2,7 +2,7 @@
 import torch
 from torch_geometric.nn import GCNConv
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.partition import build_local_partitions
 
 from .models import skewed_graph
@@ -11,7 +11,7 @@ from .models import skewed_graph
 def test_backward_advances_the_step_and_set_step_sets_every_exchange():
     data = skewed_graph()
     part = build_local_partitions(data, torch.zeros(data.num_nodes, dtype=torch.long))[0]
-    engine = FullGraphEngine(part, aggregation="hybrid")
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="hybrid"))
     model = GCNConv(data.num_features, 4)
     engine.attach(model)
     try:  # detached in the end: an attached model keeps PyG's gcn_norm patched for others

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_fullgraph.engine import ExchangePolicy, FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, ExchangePolicy, FullGraphEngine
 from lightning_fullgraph.engine import step_aside as step_aside_module
 from lightning_fullgraph.engine.step_aside import StepAside, policy_with
 from lightning_fullgraph.testing import run_distributed
@@ -157,7 +157,9 @@ def _train(rank, world_size, slow_rank):
     from torch_geometric.nn.models import GCN
     data, part = rank_partition(rank, world_size)
     aside = StepAside(warmup=1, steps=2)
-    engine = FullGraphEngine(part, codec="int2", aggregation="post", step_aside=aside)
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(codec="int2", aggregation="post",
+                                                     step_aside=aside))
     torch.manual_seed(0)
     model = GCN(data.num_features, 16, 2, 4, dropout=0.0)
     engine.attach(model)
@@ -182,7 +184,9 @@ def _train(rank, world_size, slow_rank):
             optimizer.step()
     finally:
         step_aside_module._clock = saved
-    restored = FullGraphEngine(part, codec="int2", aggregation="post", step_aside=True)
+    restored = FullGraphEngine(part,
+                               exchange=ExchangeConfig(codec="int2", aggregation="post",
+                                                       step_aside=True))
     restored.load_step_aside_state(engine.step_aside_state())
     return dict(seen=seen, decision=aside.decision, policy=engine.exchange.policy.stages(),
                 restored=restored.exchange.policy.stages(),
@@ -206,4 +210,4 @@ def test_ranks_decide_alike_from_the_slowest_rank():
 
 def test_an_exact_policy_has_nothing_to_step_aside():
     data, part = rank_partition(0, 1)
-    assert FullGraphEngine(part, step_aside=True).step_aside is None
+    assert FullGraphEngine(part, exchange=ExchangeConfig(step_aside=True)).step_aside is None

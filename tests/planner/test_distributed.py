@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_fullgraph.engine import FullGraphEngine
+from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.engine.codecs.registry import codec_from_name
 from lightning_fullgraph.partition import MODES
 from lightning_fullgraph.planner import (
@@ -39,7 +39,9 @@ def _measured(engine):
 
 
 def _run_steps(part, kind, mode, num_features, codec=None, overlap=False):
-    engine = FullGraphEngine(part, aggregation=mode, codec=codec, overlap=overlap)
+    engine = FullGraphEngine(part,
+                             exchange=ExchangeConfig(aggregation=mode, codec=codec, overlap=overlap,
+                                                     step_aside=False))
     model = build(kind, num_features)
     engine.attach(model)
     if overlap:  # the kernels run the split aggregations that overlap
@@ -63,7 +65,7 @@ def _run_steps(part, kind, mode, num_features, codec=None, overlap=False):
 
 def _monitor(part, kind, mode, num_features, profile, link, save_link=None, overlap=False):
     from lightning_fullgraph.callbacks import CommunicationMonitor
-    engine = FullGraphEngine(part, aggregation=mode, overlap=overlap)
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=mode, overlap=overlap))
     model = build(kind, num_features)
     engine.attach(model)
     if overlap:

@@ -6,11 +6,12 @@ from datetime import timedelta
 import pytest
 
 from lightning_fullgraph import FourDStrategy, FullGraphStrategy
+from lightning_fullgraph.engine import ExchangeConfig
 
 
 @pytest.mark.parametrize("strategy", [FullGraphStrategy, FourDStrategy])
 def test_a_misspelled_option_is_refused_with_the_closest_name(strategy):
-    typo = {FullGraphStrategy: ("codecs", "codec"), FourDStrategy: ("bf16", "bf16_comm")}
+    typo = {FullGraphStrategy: ("exchanges", "exchange"), FourDStrategy: ("bf16", "bf16_comm")}
     wrong, right = typo[strategy]
     with pytest.raises(TypeError, match=rf"'{wrong}' \(did you mean '{right}'\?\)"):
         strategy(**{wrong: True})
@@ -32,7 +33,7 @@ def test_launch_options_still_reach_ddp_strategy(strategy):
 
 def test_an_unknown_codec_is_refused_at_construction():
     with pytest.raises(ValueError, match="unknown codec 'int3'"):
-        FullGraphStrategy(codec="int3")
+        FullGraphStrategy(exchange=ExchangeConfig(codec="int3"))
 
 
 @pytest.mark.parametrize("strategy", [FullGraphStrategy, FourDStrategy])
@@ -72,12 +73,27 @@ def test_omp_num_threads_chooses_the_default_thread_count(monkeypatch, value, th
 
 
 def test_reductions_step_aside_by_default():
-    # A reduction never makes training slower: the strategy and Fabric's setup time the
-    # configured stages unless told not to (an exact policy has nothing to try).
-    import inspect
+    # A reduction never makes training slower: the strategy, Fabric's setup and the engine
+    # share one ExchangeConfig, which times the configured stages unless told not to (an
+    # exact policy has nothing to try).
+    assert ExchangeConfig().step_aside is True
+    assert FullGraphStrategy().exchange.step_aside is True
+    assert FullGraphStrategy(exchange=ExchangeConfig(step_aside=False)).exchange.step_aside \
+        is False
 
-    from lightning_fullgraph.engine.step_aside import StepAside
+
+@pytest.mark.parametrize("old, field", [("codec", "codec"), ("cache", "cache"),
+                                        ("boundary_sampling", "sampling"),
+                                        ("aggregation", "aggregation"), ("overlap", "overlap"),
+                                        ("step_aside", "step_aside"), ("pipeline", "pipeline")])
+def test_exchange_options_passed_directly_name_their_config_field(old, field):
     from lightning_fullgraph.fabric import setup_fullgraph
-    assert isinstance(FullGraphStrategy().step_aside, StepAside)
-    assert FullGraphStrategy(step_aside=False).step_aside is None
-    assert inspect.signature(setup_fullgraph).parameters["step_aside"].default is True
+    with pytest.raises(TypeError, match=rf"exchange=ExchangeConfig\({field}="):
+        FullGraphStrategy(**{old: None})
+    with pytest.raises(TypeError, match=rf"exchange=ExchangeConfig\({field}="):
+        setup_fullgraph(None, None, None, **{old: None})
+
+
+def test_the_strategy_takes_a_mapping_as_its_exchange_config():
+    s = FullGraphStrategy(exchange={"codec": "int2", "aggregation": "post"})
+    assert s.exchange == ExchangeConfig(codec="int2", aggregation="post")

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from lightning_fullgraph import FullGraphStrategy
+from lightning_fullgraph.engine import ExchangeConfig
 
 
 def _trainer(datamodule, accumulate=1):
@@ -34,8 +35,8 @@ def test_bad_loss_reduction():
 
 
 def test_bad_aggregation_names_the_choices():
-    with pytest.raises(ValueError, match=r"aggregation must be one of \('post', 'pre', 'hybrid'\)"):
-        FullGraphStrategy(aggregation="mixed")
+    with pytest.raises(ValueError, match=r"choose one of \('post', 'pre', 'hybrid', 'auto'\)"):
+        FullGraphStrategy(exchange=ExchangeConfig(aggregation="mixed"))
 
 
 def test_bad_huge_pages_setting_names_the_choices():

@@ -24,7 +24,7 @@ def test_config_names_everything_by_class_path():
     config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     strategy = config["trainer"]["strategy"]
     assert strategy["class_path"] == "lightning_fullgraph.FullGraphStrategy"
-    assert strategy["init_args"]["aggregation"] in ("hybrid", "post", "pre")
+    assert strategy["init_args"]["exchange"]["aggregation"] in ("hybrid", "post", "pre", "auto")
     assert config["data"]["class_path"] == "lightning_fullgraph.FullGraphDataModule"
     assert config["data"]["init_args"]["data"] == "cora"  # a plain value, not a Data object
     assert config["model"]["class_path"] == "lightning_fullgraph.module.NodeClassifier"
@@ -42,7 +42,7 @@ def test_cli_example_trains_on_two_processes(tmp_path):
              "--config", str(EXAMPLE / "config.yaml"),
              "--trainer.max_epochs=2", "--trainer.check_val_every_n_epoch=1",
              "--trainer.enable_progress_bar=false",
-             "--trainer.strategy.init_args.aggregation=post"],
+             "--trainer.strategy.init_args.exchange.aggregation=post"],
             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=300)
         log.seek(0)
         output = log.read()
@@ -58,5 +58,5 @@ def test_cli_example_trains_on_two_processes(tmp_path):
     checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert "last.ckpt" in checkpoints and "epoch=1-step=2.ckpt" in checkpoints, checkpoints
     saved = yaml.safe_load((run / "config.yaml").read_text())
-    assert saved["trainer"]["strategy"]["init_args"]["aggregation"] == "post"  # the override
+    assert saved["trainer"]["strategy"]["init_args"]["exchange"]["aggregation"] == "post"  # the override
     assert saved["trainer"]["devices"] == 2
