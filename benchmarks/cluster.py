@@ -26,7 +26,8 @@ Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (
 ``auto`` (exact: per layer the mode predicted fastest on the link calibrated at start-up),
 ``int2`` (post rows as int2), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
 ``cache-int2c-budgeted`` (the same in one collective per exchange),
-``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``sampling`` (boundary
+``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``cache-int2c-pipeline`` (the
+cache's rows carried by the pipeline), ``sampling`` (boundary
 sampling p = 0.1), ``sampling-int2`` (sampled rows as int2), and
 ``+nooverlap`` after any name (overlap is on by default), ``+aside`` (``--step-aside``: every
 configuration runs with ``--no-step-aside`` otherwise, so that each stage is timed as
@@ -69,6 +70,8 @@ CONFIGS: Dict[str, List[str]] = {
     "pipeline": ["--aggregation", "post", "--pipeline", "async"],
     "sampling": ["--aggregation", "post", "--boundary-sampling", "0.1"],
     "pipeline-int2": ["--aggregation", "post", "--pipeline", "async", "--codec", "int2"],
+    "cache-int2c-pipeline": ["--aggregation", "post", "--codec", "int2-compact", "--cache",
+                             "adaptive", "--pipeline", "async"],
     "sampling-int2": ["--aggregation", "post", "--boundary-sampling", "0.1", "--codec", "int2"],
 }
 MATRIX = dict(models=["gcn", "sage"], configs=list(CONFIGS), rates=["1gbit"], nodes=[4],

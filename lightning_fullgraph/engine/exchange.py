@@ -316,9 +316,9 @@ class HaloExchange:
             return out.reshape((out.size(0), ) + tuple(shape))
         cache = self.policy.cache(key, direction) if training else None
         pipeline = self.policy.pipeline if training else None
-        if cache is not None:
+        if cache is not None:  # then the pipeline, if any, carries the cache's rows
             out = self._send_cached(flat, send_counts, recv_counts, key, direction, levels,
-                                    cache, channel)
+                                    cache, channel, pipeline=pipeline)
         elif pipeline is not None:
             out = self._send_pipelined(flat, send_counts, recv_counts, key, direction, levels,
                                        pipeline, channel)
@@ -360,23 +360,28 @@ class HaloExchange:
 
     def _transfer_async(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
                         key: str, direction: str,
-                        levels: Optional[Tuple[Tensor, Tensor]] = None):
-        r"""Starts a transfer; returns the function that completes and decodes it."""
+                        levels: Optional[Tuple[Tensor, Tensor]] = None, echo: bool = False):
+        r"""Starts a transfer; returns the function that completes and decodes it (and, with
+        :obj:`echo`, also the rows sent as the receivers will decode them, at once)."""
         codec: Codec = self.policy.codec(key, direction)
         ctx = self._context(key, direction, flat)
         self._record_wire(codec, flat, key, direction, levels)
         if levels is not None and getattr(codec, "per_node", False):
             sent, received_levels = levels
             f = flat.size(1)
+            stream = codec.encode_rows(flat, sent, ctx)
             pending = self.transport.exchange(
-                codec.encode_rows(flat, sent, ctx), codec.split_bytes(sent, send_counts, f),
+                stream, codec.split_bytes(sent, send_counts, f),
                 codec.split_bytes(received_levels, recv_counts, f), key=key,
                 direction=direction, unit="bytes", rows=(sum(send_counts), sum(recv_counts)),
                 async_op=True)
-            return lambda: codec.decode_rows(pending.wait(), received_levels, ctx)
-        pending = self.transport.exchange(codec.encode(flat, ctx), send_counts, recv_counts,
+            finish = lambda: codec.decode_rows(pending.wait(), received_levels, ctx)  # noqa
+            return (finish, codec.decode_rows(stream, sent, ctx)) if echo else finish
+        wire = codec.encode(flat, ctx)
+        pending = self.transport.exchange(wire, send_counts, recv_counts,
                                           key=key, direction=direction, async_op=True)
-        return lambda: codec.decode(pending.wait(), ctx)
+        finish = lambda: codec.decode(pending.wait(), ctx)  # noqa: E731
+        return (finish, codec.decode(wire, ctx)) if echo else finish
 
     def _record_wire(self, codec: Codec, flat: Tensor, key: str, direction: str,
                      levels: Optional[Tuple[Tensor, Tensor]]) -> None:
@@ -553,24 +558,55 @@ class HaloExchange:
     def _send_cached(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
                      key: str, direction: str, levels: Optional[Tuple[Tensor, Tensor]],
                      cache: HaloCache, channel: str,
-                     kept: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
+                     kept: Optional[Tuple[Tensor, Tensor]] = None,
+                     pipeline: Optional[AsyncPipeline] = None) -> Tensor:
         r"""One training exchange through the adaptive cache (:mod:`~.cache`): a bitmask of
         the rows that go, then those rows (or their deltas), then the receiver's copy.
 
         :obj:`kept` (boundary sampling: the send slots and received rows of this step's
         sample, known to both ends) limits the rows that may go to the kept ones, and the
-        bitmask to their bits; a kept row the receiver never got always goes."""
+        bitmask to their bits; a kept row the receiver never got always goes.
+
+        With :obj:`pipeline` the cache's rows travel while the step computes and the
+        receiver's copy takes them in at the next exchange: the rows handed out are the
+        copy as of the previous step (the pipeline's staleness of one step, on the cache's
+        approximation).  The sender's mirror is updated when it sends: the receiver applies
+        the same updates in the same order, one step later, so both still hold the same
+        copy whenever the sender selects."""
         n_send, n_recv, f = flat.size(0), sum(recv_counts), flat.size(1)
         state = self._cache_states.get((channel, key, direction))
         if state is None or not state.matches(n_send, n_recv, f, flat.dtype):
             state = CacheState(n_send, n_recv, f, flat.dtype, flat.device)
             self._cache_states[(channel, key, direction)] = state
-        mine, theirs = kept if kept is not None else (None, None)
         codec = self.policy.codec(key, direction)
+        if pipeline is not None:
+            # The first exchange, a bound reached or sync mode run the synchronous cached
+            # exchange; otherwise this step's starts and the previous step's copy is used.
+            return self._pipelined(
+                (channel, key, direction), (n_recv, f), pipeline,
+                lambda: self._cached_transfer(flat, send_counts, recv_counts, key, direction,
+                                              levels, cache, state, codec, kept,
+                                              asynchronous=True),
+                lambda: self._cached_transfer(flat, send_counts, recv_counts, key, direction,
+                                              levels, cache, state, codec, kept)(),
+                key, direction)
         if cache.budgeted and not state.fresh and state.budget is not None and kept is None \
                 and f and not cache.lossless and not getattr(codec, "per_node", False):
             return self._send_budgeted(flat, send_counts, recv_counts, key, direction, state,
                                        cache, codec)
+        return self._cached_transfer(flat, send_counts, recv_counts, key, direction, levels,
+                                     cache, state, codec, kept)()
+
+    def _cached_transfer(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
+                         key: str, direction: str, levels: Optional[Tuple[Tensor, Tensor]],
+                         cache: HaloCache, state: CacheState, codec: Codec,
+                         kept: Optional[Tuple[Tensor, Tensor]],
+                         asynchronous: bool = False) -> Callable[[], Tensor]:
+        r"""Selects the rows that go (the bitmask's collective), sends them and updates the
+        sender's mirror; returns the function that receives them into the receiver's copy
+        and returns that copy (at once, or later with :obj:`asynchronous`)."""
+        n_send, n_recv = flat.size(0), sum(recv_counts)
+        mine, theirs = kept if kept is not None else (None, None)
         if state.fresh:  # both ends know: every (kept) row goes, no bitmask
             sel = torch.ones(n_send, dtype=torch.bool, device=flat.device) if mine is None \
                 else mine.clone()
@@ -596,15 +632,19 @@ class HaloExchange:
         payload = flat[sel] if lossless else (flat - state.mirror)[sel]
         if levels is not None:
             levels = (levels[0].to(sel.device)[sel], levels[1].to(recv_sel.device)[recv_sel])
-        received, echoed = self._transfer(payload, per_peer(sel, send_counts),
-                                          per_peer(recv_sel, recv_counts), key, direction,
-                                          levels, echo=not lossless)
+        sends, recvs = per_peer(sel, send_counts), per_peer(recv_sel, recv_counts)
+        if asynchronous:
+            started = self._transfer_async(payload, sends, recvs, key, direction, levels,
+                                           echo=not lossless)
+            finish, echoed = started if not lossless else (started, None)
+        else:
+            received, echoed = self._transfer(payload, sends, recvs, key, direction, levels,
+                                              echo=not lossless)
+            finish = lambda: received  # noqa: E731
         if lossless:
             state.mirror[sel] = payload
-            state.held[recv_sel] = received.to(state.held.dtype)
         else:
             state.mirror[sel] += echoed.to(state.mirror.dtype)
-            state.held[recv_sel] += received.to(state.held.dtype)
         state.age += 1
         state.age[sel] = 0
         state.known |= sel
@@ -615,7 +655,15 @@ class HaloExchange:
         state.fresh = False
         self.stats.record_cache(key, direction, eligible=n_send,
                                 skipped=n_send - int(sel.sum()))
-        return state.held.clone()  # autograd keeps the output; the cache changes next step
+
+        def take_in() -> Tensor:
+            rows = finish().to(state.held.dtype)
+            if lossless:
+                state.held[recv_sel] = rows
+            else:
+                state.held[recv_sel] += rows
+            return state.held.clone()  # autograd keeps the output; the copy changes later
+        return take_in
 
     def _send_budgeted(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
                        key: str, direction: str, state: CacheState, cache: HaloCache,

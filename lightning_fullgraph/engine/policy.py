@@ -40,7 +40,9 @@ class ExchangePolicy:
             default none.
         pipeline (AsyncPipeline or str, optional): Asynchronous pipeline of training
             exchanges (:class:`~.pipeline.AsyncPipeline`, ``"async"`` or ``"adaptive"``);
-            default none (synchronous).  It cannot be combined with a cache yet.
+            default none (synchronous).  With a cache, the pipeline carries the cache's rows:
+            the receiver's copy takes them in one step later (a budgeted cache then sends its
+            bitmask apart, two collectives).
         sampling (BoundarySampling or float, optional): Boundary node sampling of training
             exchanges (:class:`~.sampling.BoundarySampling` or its rate :math:`p`); default
             none.  With a cache, the cache chooses among each step's kept rows; with a
@@ -68,10 +70,11 @@ class ExchangePolicy:
 
     def _check(self) -> None:
         cache = any(True for _ in self.caches())
-        if self.pipeline is not None and cache:
-            raise ValueError("an asynchronous pipeline and a halo cache cannot be combined yet "
-                             "(the cache's mirror assumes the receiver applies each update at "
-                             "once); choose one")
+        if self.pipeline is not None and cache and self.sampling is not None:
+            raise ValueError("an asynchronous pipeline, a halo cache and boundary sampling "
+                             "cannot be combined yet (the cache would choose among this step's "
+                             "sample and the receiver serve it a step later, from rows drawn "
+                             "for another sample); choose two of them")
 
     def _replace(self, **attrs: Any) -> "ExchangePolicy":
         copy = ExchangePolicy.__new__(ExchangePolicy)

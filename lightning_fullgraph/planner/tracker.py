@@ -128,6 +128,9 @@ class PredictionTracker:
                          [r for r in range(world) if r != rank],
                          getattr(engine, "timeout", None)):
                 link = calibrate(group, codec=codec, codec_rows=16384, codec_width=256)
+            router = getattr(engine, "router", None)
+            if router is not None and not isinstance(router.link, LinkModel):
+                router.link = link  # aggregation="auto" decides on it: no second calibration
             if codec is None:  # exact rows are sent as they are: no codec time
                 link = replace(link, codec_throughput=math.inf)
         tracker = cls(engine, profile, link)

@@ -27,6 +27,7 @@ EXPECTED = {
     ("gcn", "post+cache"): dict(exchange=4, control=3, gradients=1),
     ("gcn", "post+budgeted"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+pipeline"): dict(exchange=2, control=3, gradients=1),
+    ("gcn", "post+cache+pipeline"): dict(exchange=4, control=3, gradients=1),
     ("gcn", "post+sampling"): dict(exchange=2, control=3, gradients=1),
     ("sage", "post"): dict(exchange=2, control=2, gradients=1),
     ("sage", "hybrid"): dict(exchange=4, control=2, gradients=1),
@@ -37,7 +38,8 @@ def _engine(part, config):
     mode, _, option = config.partition("+")
     kwargs = {"int2": dict(codec="int2"), "cache": dict(cache=0.01),
               "budgeted": dict(cache=HaloCache(0.01, budgeted=True)),
-              "pipeline": dict(pipeline="async"), "sampling": dict(sampling=0.5)}.get(option, {})
+              "pipeline": dict(pipeline="async"), "sampling": dict(sampling=0.5),
+              "cache+pipeline": dict(cache=0.01, pipeline="async")}.get(option, {})
     return FullGraphEngine(part, exchange=ExchangeConfig(aggregation=mode, step_aside=False,
                                                          **kwargs))
 

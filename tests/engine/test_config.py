@@ -32,7 +32,7 @@ def test_stage_shorthands_become_their_objects():
     (dict(overlap="yes"), TypeError, "overlap"),
     (dict(link="fast"), ValueError, "LinkModel"),
     (dict(link="missing.json"), FileNotFoundError, "--save-link"),
-    (dict(cache=0.01, pipeline="async"), ValueError, "cannot be combined"),
+    (dict(cache=0.01, pipeline="async", sampling=0.5), ValueError, "cannot be combined"),
 ])
 def test_bad_options_fail_when_the_config_is_made(kwargs, error, match):
     with pytest.raises(error, match=match):

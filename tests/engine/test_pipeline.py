@@ -24,10 +24,13 @@ def test_settings_are_validated_and_parsed():
         AsyncPipeline.of("later")
     policy = ExchangePolicy(pipeline="async")
     assert not policy.lossless and "async pipeline" in policy.describe()
+    # A cache composes with the pipeline (the pipeline carries the cache's rows); the three
+    # stages together are refused with the reason.
+    assert ExchangePolicy(pipeline="async", cache=0.1).stages() == ("cache", "pipeline")
+    with pytest.raises(ValueError, match="cannot be combined yet .*choose two"):
+        ExchangePolicy(pipeline="async", cache=0.1, sampling=0.5)
     with pytest.raises(ValueError, match="cannot be combined"):
-        ExchangePolicy(pipeline="async", cache=0.1)
-    with pytest.raises(ValueError, match="cannot be combined"):
-        ExchangePolicy(cache=0.1).with_pipeline("async")
+        ExchangePolicy(cache=0.1, sampling=0.5).with_pipeline("async")
 
 
 def _value(step, ids):
@@ -39,14 +42,14 @@ def _grad(step, n):
     return torch.full((n, F), float(step + 1), dtype=torch.float64)
 
 
-def _stale_steps(rank, world_size, schedule):
+def _stale_steps(rank, world_size, schedule, cache=None):
     data = skewed_graph(num_nodes=100, num_features=F)
     parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
     part = build_local_partitions(data, parts)[rank]
     pipeline = AsyncPipeline("async", max_async_epochs=3)
     engine = FullGraphEngine(part,
                              exchange=ExchangeConfig(pipeline=pipeline, aggregation="post",
-                                                     step_aside=False))
+                                                     cache=cache, step_aside=False))
     ex = engine.exchange
     n_own = ex.num_owned
     rows, grads = [], []
@@ -77,7 +80,10 @@ def _stale_steps(rank, world_size, schedule):
 
 
 @pytest.mark.multiprocess
-def test_async_steps_use_exactly_the_previous_steps_rows_and_gradients():
+@pytest.mark.parametrize("cache", [None, 0.0])
+def test_async_steps_use_exactly_the_previous_steps_rows_and_gradients(cache):
+    # With a cache of threshold 0 (every changed row goes) the pipeline carries the cache's
+    # rows: the same staleness, step for step, as without it.
     schedule = ["async"] * 6 + ["sync", "async", "async"]
     # The reference with injected staleness: step 0 synchronous (nothing older); then one
     # step stale; after 3 asynchronous exchanges one synchronous (max_async_epochs=3); a
@@ -86,6 +92,39 @@ def test_async_steps_use_exactly_the_previous_steps_rows_and_gradients():
     expected = []
     for t in range(len(schedule)):
         expected.append(t if t in fresh else t - 1)
-    for rank, (rows, grads) in enumerate(run_distributed(_stale_steps, 3, schedule)):
+    for rank, (rows, grads) in enumerate(run_distributed(_stale_steps, 3, schedule, cache)):
         assert [r for r in rows] == [[e] for e in expected], (rank, rows)
         assert grads == rows, (rank, grads, rows)  # gradients are as stale as the rows
+
+
+def _cached_pipeline_converges(rank, world_size, steps):
+    from lightning_fullgraph.engine import HaloCache
+    data = skewed_graph(num_nodes=100, num_features=F)
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    pipeline = AsyncPipeline("async", max_async_epochs=0)  # never a synchronous step
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(
+        pipeline=pipeline, cache=HaloCache(0.05, max_age=3), aggregation="post",
+        step_aside=False))
+    ex = engine.exchange
+    halo = []
+    for step in range(steps):
+        ex.step = step
+        # Rows move for three steps (some by less than the threshold), then stay.
+        moved = min(step, 3) * (0.01 + (part.owned_ids % 7 == 0).double()[:, None])
+        x = _value(0, part.owned_ids) * (1 + moved)
+        halo.append(layer_exchange(ex, x)[ex.num_owned:].detach())
+    engine.drain()
+    moved = 3 * (0.01 + (part.halo_ids % 7 == 0).double()[:, None])
+    truth = _value(0, part.halo_ids) * (1 + moved)
+    return [float((h - truth).abs().max()) for h in halo]
+
+
+@pytest.mark.multiprocess
+def test_a_cache_carried_by_the_pipeline_keeps_both_ends_alike():
+    # The sender's mirror moves when it sends, the receiver's copy a step later: if the two
+    # disagreed, a row the sender believes delivered would stay wrong for good.  Once the
+    # rows stop moving, every row arrives within max_age + 1 steps, exactly.
+    for rank, errors in enumerate(run_distributed(_cached_pipeline_converges, 3, 10)):
+        assert max(errors[1:4]) > 0, (rank, errors)  # stale (and cached) while rows move
+        assert errors[-1] == 0.0 and errors[-2] == 0.0, (rank, errors)
