@@ -209,8 +209,15 @@ class CommunicationModel:
     # -- one rank ------------------------------------------------------------------------------
     @staticmethod
     def call_rows(call: ExchangeCall, counts: RankCounts) -> Tuple[List[int], List[int]]:
-        r"""Rows :obj:`counts`' rank sends to / receives from each peer in :obj:`call`."""
-        return counts.rows(call.mode, call.channel, call.reverse)
+        r"""Rows :obj:`counts`' rank sends to / receives from each peer in :obj:`call` (the
+        expected rows of a sampled call: the plan's times its :attr:`~.ExchangeCall.fraction`,
+        rounded)."""
+        sent, received = counts.rows(call.mode, call.channel, call.reverse)
+        fraction = getattr(call, "fraction", 1.0)
+        if fraction == 1.0:
+            return sent, received
+        return ([int(round(n * fraction)) for n in sent],
+                [int(round(n * fraction)) for n in received])
 
     def call_seconds(self, call: ExchangeCall, counts: RankCounts) -> Tuple[float, float]:
         r"""This rank's view of one call: ``(exchange seconds, codec seconds)`` if it were the

@@ -56,6 +56,8 @@ class ExchangeCall(JsonRecord):
         value_bytes (int): Bytes per decoded value.
         row_bytes (int): Bytes per wire row (what the transport counts).
         layer (str): The message-passing layer the call belongs to.
+        fraction (float): The expected share of the plan's rows the call sends: boundary
+            sampling's rate :math:`p` for the rows it samples, else 1.
     """
     key: str
     direction: str
@@ -66,6 +68,7 @@ class ExchangeCall(JsonRecord):
     value_bytes: int
     row_bytes: int
     layer: str = ""
+    fraction: float = 1.0
 
     @property
     def decoded_row_bytes(self) -> int:
@@ -296,6 +299,10 @@ class ExchangeRecorder:
                 # Overlapped exchanges start their transfers here, not through _send.
                 ex._transfer_async = self._wrap_send(ex, ex._transfer_async, nested=False)
                 self._installed.append((ex, "_transfer_async"))
+            if hasattr(ex, "_send_sampled"):
+                # Boundary sampling sends a sample of the plan's rows, drawn per step.
+                ex._send_sampled = self._wrap_sampled(ex, ex._send_sampled)
+                self._installed.append((ex, "_send_sampled"))
         return self
 
     def remove(self) -> None:
@@ -368,6 +375,41 @@ class ExchangeRecorder:
             return out
 
         return _send
+
+    def _wrap_sampled(self, ex: Any, send_sampled: Callable) -> Callable:
+        r"""Records a sampled transfer as one call of its channel whose rows are the plan's
+        times the sampling rate (the expected sample; the draws vary from step to step)."""
+        recorder = self
+
+        def _send_sampled(rows: Tensor, sampled: Any, key: str, direction: str,
+                          channel: str = "post", *a, **kw):
+            if recorder._calls is None:
+                return send_sampled(rows, sampled, key, direction, channel, *a, **kw)
+            stack = getattr(_CURRENT, "stack", None)
+            if stack is None:
+                stack = _CURRENT.stack = []
+            entry = {"row_bytes": None}
+            stack.append(entry)
+            try:
+                out = send_sampled(rows, sampled, key, direction, channel, *a, **kw)
+            finally:
+                stack.pop()
+            width = 1
+            for d in rows.shape[1:]:
+                width *= int(d)
+            sampling = ex.policy.sampling
+            if entry["row_bytes"] is not None:
+                from ..engine.context import current_layer
+                active = current_layer()
+                recorder._calls.append(ExchangeCall(
+                    key=key, direction=direction, mode=str(getattr(ex, "mode", "post")),
+                    channel=channel, reverse=direction == "backward", width=width,
+                    value_bytes=rows.element_size(), row_bytes=int(entry["row_bytes"]),
+                    layer=active.key if (active is not None and direction == "forward") else "",
+                    fraction=float(sampling.rate)))
+            return out
+
+        return _send_sampled
 
     def _wrap_transport(self, exchange: Callable) -> Callable:
         def wrapped(send: Tensor, send_counts, recv_counts, *a, **kw):

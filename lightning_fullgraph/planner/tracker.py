@@ -107,12 +107,6 @@ class PredictionTracker:
             warnings.warn("CommunicationMonitor: per-node bit widths (codec 'adaptive') are not "
                           "modelled by the planner yet; no predicted figures")
             return None
-        sampling = getattr(policy, "sampling", None)
-        if sampling is not None and sampling.rate < 1.0:
-            # The rows a step sends depend on its draws, which the plans do not hold.
-            warnings.warn("CommunicationMonitor: boundary sampling is not modelled by the "
-                          "planner yet; no predicted figures")
-            return None
         if link == "calibrate":
             from .calibrate import calibrate
             # The codec whose cost the step pays (the first lossy one; the identity's is none).

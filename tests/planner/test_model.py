@@ -162,13 +162,12 @@ def test_link_model_round_trip_and_validation(tmp_path):
 
 
 @pytest.mark.parametrize("policy, what", [
-    ("sampling", "boundary sampling"),
     ("adaptive", "per-node bit widths"),
 ])
 def test_tracker_refuses_what_the_planner_does_not_model(policy, what):
-    # The rows boundary sampling draws, and per-node widths, are not in the plans: no
-    # predicted figures rather than wrong ones, with a warning saying why (the same on every
-    # rank: the policy decides, before any collective).
+    # Per-node widths are not in the plans: no predicted figures rather than wrong ones, with
+    # a warning saying why (the same on every rank: the policy decides, before any
+    # collective).  Boundary sampling is modelled (tests/planner/test_sampled.py).
     from types import SimpleNamespace
 
     from lightning_fullgraph.engine import ExchangePolicy
