@@ -349,3 +349,24 @@ def test_an_error_found_in_one_ranks_part_file_is_printed_by_that_rank():
     from lightning_fullgraph.partition import PartitionMismatchError, StalePartitionError
     assert not _same_on_every_rank(StalePartitionError("part-1-of-2.pt ... different graph"))
     assert _same_on_every_rank(PartitionMismatchError("made for 2 parts ..."))
+
+
+def test_train_exchange_options_make_one_exchange_config(tmp_path):
+    # `train`'s exchange flags become the ExchangeConfig the strategy takes; --link FILE.json
+    # (a link written by --save-link) is loaded, and aggregation 'auto' decides on it.
+    from lightning_fullgraph.cli import _exchange_config
+    from lightning_fullgraph.engine import ExchangeConfig
+    from lightning_fullgraph.planner import LinkModel
+    path = LinkModel(alpha=2e-4, beta=1.25e8).save(tmp_path / "link.json")
+    args = build_parser().parse_args(
+        ["train", "--aggregation", "auto", "--link", str(path), "--codec", "int2",
+         "--cache", "budgeted", "--boundary-sampling", "0.5", "--no-overlap"])
+    config = _exchange_config(args)
+    assert isinstance(config, ExchangeConfig)
+    assert config.aggregation == "auto" and config.codec == "int2" and not config.overlap
+    assert config.cache == "budgeted" and config.sampling == 0.5 and config.step_aside
+    assert config.link == LinkModel.load(path)
+    # Without 'auto' the link is the CommunicationMonitor's alone.
+    args = build_parser().parse_args(["train", "--link", str(path)])
+    config = _exchange_config(args)
+    assert config.link is None and config.aggregation == "hybrid" and config.lossless
