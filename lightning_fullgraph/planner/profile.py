@@ -339,6 +339,37 @@ class ExchangeRecorder:
             c.key, _layer_of(c.key))}) for c in calls)
 
     # -- wrappers --------------------------------------------------------------------------------
+    def _record(self, ex: Any, run: Callable[[], Any], rows: Tensor, key: str, direction: str,
+                kind: Optional[Tuple[str, bool]], fraction: float = 1.0) -> Any:
+        r"""Runs one transfer (:obj:`run`) with a stack entry that the transport wrapper fills
+        with its wire row size, and records it as an :class:`ExchangeCall` of channel and
+        orientation :obj:`kind`."""
+        stack = getattr(_CURRENT, "stack", None)
+        if stack is None:
+            stack = _CURRENT.stack = []
+        entry = {"row_bytes": None}
+        stack.append(entry)
+        try:
+            out = run()
+        finally:
+            stack.pop()
+        if kind is None:
+            raise RuntimeError(f"cannot tell which channel exchange point '{key}' uses; "
+                               "the planner does not know this version of HaloExchange")
+        if entry["row_bytes"] is not None:
+            from ..engine.context import current_layer
+            active = current_layer()
+            width = 1
+            for d in rows.shape[1:]:
+                width *= int(d)
+            self._calls.append(ExchangeCall(
+                key=key, direction=direction, mode=str(getattr(ex, "mode", "post")),
+                channel=kind[0], reverse=kind[1], width=width,
+                value_bytes=rows.element_size(), row_bytes=int(entry["row_bytes"]),
+                layer=active.key if (active is not None and direction == "forward") else "",
+                fraction=float(fraction)))
+        return out
+
     def _wrap_send(self, ex: Any, send: Callable, nested: bool = True) -> Callable:
         r"""Records each call of :obj:`send` as one exchange call; with :obj:`nested` false,
         only calls made outside another recorded one (an asynchronous start that a
@@ -346,33 +377,11 @@ class ExchangeRecorder:
         recorder = self
 
         def _send(rows: Tensor, send_counts, recv_counts, key: str, direction: str, *a, **kw):
-            stack = getattr(_CURRENT, "stack", None)
-            if recorder._calls is None or (not nested and stack):
+            if recorder._calls is None or (not nested and getattr(_CURRENT, "stack", None)):
                 return send(rows, send_counts, recv_counts, key, direction, *a, **kw)
-            kind = _classify(ex, send_counts)
-            if stack is None:
-                stack = _CURRENT.stack = []
-            width = 1
-            for d in rows.shape[1:]:
-                width *= int(d)
-            entry = {"row_bytes": None}
-            stack.append(entry)
-            try:
-                out = send(rows, send_counts, recv_counts, key, direction, *a, **kw)
-            finally:
-                stack.pop()
-            if kind is None:
-                raise RuntimeError(f"cannot tell which channel exchange point '{key}' uses; "
-                                   "the planner does not know this version of HaloExchange")
-            if entry["row_bytes"] is not None:
-                from ..engine.context import current_layer
-                active = current_layer()
-                recorder._calls.append(ExchangeCall(
-                    key=key, direction=direction, mode=str(getattr(ex, "mode", "post")),
-                    channel=kind[0], reverse=kind[1], width=width,
-                    value_bytes=rows.element_size(), row_bytes=int(entry["row_bytes"]),
-                    layer=active.key if (active is not None and direction == "forward") else ""))
-            return out
+            return recorder._record(
+                ex, lambda: send(rows, send_counts, recv_counts, key, direction, *a, **kw),
+                rows, key, direction, _classify(ex, send_counts))
 
         return _send
 
@@ -383,31 +392,13 @@ class ExchangeRecorder:
 
         def _send_sampled(rows: Tensor, sampled: Any, key: str, direction: str,
                           channel: str = "post", *a, **kw):
-            if recorder._calls is None:
+            def run():
                 return send_sampled(rows, sampled, key, direction, channel, *a, **kw)
-            stack = getattr(_CURRENT, "stack", None)
-            if stack is None:
-                stack = _CURRENT.stack = []
-            entry = {"row_bytes": None}
-            stack.append(entry)
-            try:
-                out = send_sampled(rows, sampled, key, direction, channel, *a, **kw)
-            finally:
-                stack.pop()
-            width = 1
-            for d in rows.shape[1:]:
-                width *= int(d)
-            sampling = ex.policy.sampling
-            if entry["row_bytes"] is not None:
-                from ..engine.context import current_layer
-                active = current_layer()
-                recorder._calls.append(ExchangeCall(
-                    key=key, direction=direction, mode=str(getattr(ex, "mode", "post")),
-                    channel=channel, reverse=direction == "backward", width=width,
-                    value_bytes=rows.element_size(), row_bytes=int(entry["row_bytes"]),
-                    layer=active.key if (active is not None and direction == "forward") else "",
-                    fraction=float(sampling.rate)))
-            return out
+            if recorder._calls is None:
+                return run()
+            return recorder._record(ex, run, rows, key, direction,
+                                    (channel, direction == "backward"),
+                                    ex.policy.sampling.rate)
 
         return _send_sampled
 
