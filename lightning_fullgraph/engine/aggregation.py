@@ -260,7 +260,7 @@ class AggregationRouter:
         if not isinstance(self.link, LinkModel):
             from ..planner.calibrate import calibrate
 
-            # Latency and bandwidth only, briefly (about a second on a 1 Gbit/s link): the
+            # Latency and bandwidth only, on small sizes (up to 1 MiB, 10 repeats): the
             # modes' predictions differ by whole collectives or by large byte counts.
             with guarded("link calibration for aggregation='auto'", _rank(self.group),
                          _peers(self.group), self.timeout):

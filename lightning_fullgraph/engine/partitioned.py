@@ -33,6 +33,7 @@ eligible layers are rewritten per call as :mod:`.aggregation` describes: the pre
 to the mode's edges and halo, a propagate forward hook adds the received partial aggregates
 (and divides mean aggregations by the global in-degree).
 """
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
@@ -299,7 +300,7 @@ class PartitionedModel:
             push_layer(ActiveLayer(state.key, self._exchange_of(state.key), owner=self,
                                    state=state, training=module.training,
                                    input_width=None if first is None
-                                   else first.numel() // max(1, first.size(0))))
+                                   else math.prod(first.shape[1:])))
         return hook
 
     def _wrap_propagate(self, layer: MessagePassing) -> None:
@@ -435,8 +436,10 @@ def _source_width(module: MessagePassing, kwargs: Dict[str, Any],
         value = kwargs.get(arg)
         own = value[0] if isinstance(value, (tuple, list)) and value else value
         if isinstance(own, Tensor) and own.dim() > 0:
+            # From the shape alone, not numel // rows: a rank without rows must decide as
+            # the others do ("auto" picks its mode from this width on every rank).
             dim = module.node_dim % own.dim() if own.dim() > 1 else 0
-            return own.numel() // max(1, own.size(dim)), own.dtype
+            return math.prod(own.shape[:dim] + own.shape[dim + 1:]), own.dtype
     return None
 
 
