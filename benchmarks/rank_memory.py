@@ -105,13 +105,26 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     epoch = [""]  # "e<N> " with --by-epoch: each epoch's phases apart
     stop = [False]
 
-    def sample() -> None:
-        while not stop[0]:
-            now, name = _rss_mib(), phase[0]
+    lock = threading.Lock()
+
+    def record(name: str) -> None:
+        now = _rss_mib()
+        with lock:
             if name not in peaks:
                 order.append(name)
             peaks[name] = max(peaks.get(name, 0.0), now)
+
+    def sample() -> None:
+        while not stop[0]:
+            record(phase[0])
             time.sleep(0.0005)
+
+    def enter(name: str) -> None:
+        # One sample on entry, taken here: a phase shorter than the sampling period (or one
+        # the sampler's thread is not scheduled during, on a loaded machine) is still listed.
+        phase[0] = name
+        if me:
+            record(name)
 
     def point(label: str) -> None:
         if me:
@@ -131,16 +144,16 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     torch.manual_seed(0)
     model = _build_model(torch.nn, pyg_nn, cfg["model"], x.size(1), 128,
                          int(cfg["num_classes"]), 0.0)
-    phase[0] = "attach"
+    enter("attach")
     engine.attach(model)
     engine.use_kernels("auto")
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for name, module in model.named_children():
         def pre(_m, _a, name=name):
-            phase[0] = f"{epoch[0]}{'val' if not _m.training else 'fwd'} {name}"
+            enter(f"{epoch[0]}{'val' if not _m.training else 'fwd'} {name}")
 
         def bwd(_m, _g, name=name):
-            phase[0] = f"{epoch[0]}bwd {name}"
+            enter(f"{epoch[0]}bwd {name}")
         module.register_forward_pre_hook(pre)
         module.register_full_backward_pre_hook(bwd)
     import torch.distributed as dist
@@ -149,16 +162,16 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
         dist.barrier()
         opt.zero_grad(set_to_none=True)
         out = model(x, edge_index)
-        phase[0] = "loss"
+        enter("loss")
         loss = F.cross_entropy(out[mask], y[mask])
         engine.backward(loss)
-        phase[0] = "optimizer step"
+        enter("optimizer step")
         opt.step()
         model.eval()
         with torch.no_grad():
             model(x, edge_index)
         model.train()
-        phase[0] = "between epochs"
+        enter("between epochs")
         del out, loss
         time.sleep(0.005)
         point(f"after epoch {e}")
