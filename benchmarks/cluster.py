@@ -102,7 +102,8 @@ def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Na
             seed: int, port: int) -> Dict[str, Any]:
     r"""One multi-node training job; rank 0's JSON summary plus the wall time."""
     args = ["-m", "lightning_fullgraph.cli", "train", "--dataset", opts.dataset, "--model",
-            model, "--hidden", str(opts.hidden), "--dropout", "0", "--epochs",
+            model, "--hidden", str(opts.hidden), "--layers", str(opts.layers), "--dropout", "0",
+            "--epochs",
             str(opts.epochs), "--val-every", "1", "--seed", str(seed), "--num-nodes",
             str(cluster.nodes), "--devices", "1", "--json", "--timeout", "600",
             "--cache-dir", str(opts.cache_dir), *config_args(config)]
@@ -241,6 +242,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--nodes", nargs="+", type=int, default=None)
     p.add_argument("--dataset", default=None)
     p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--layers", type=int, default=2,
+                   help="message-passing layers (default 2; with 3, GraphSAGE keeps a "
+                        "hidden-to-hidden layer, whose rows stay hidden-wide)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--seeds", nargs="+", type=int, default=None)
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "lightning_fullgraph"
@@ -299,7 +303,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     derive(rows, opts.reference)
     print(table(rows))
     out = Path(opts.json_out or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    meta = dict(dataset=opts.dataset, hidden=opts.hidden, epochs=opts.epochs,
+    meta = dict(dataset=opts.dataset, hidden=opts.hidden, layers=opts.layers, epochs=opts.epochs,
                 cores=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"),
                 command=" ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])))
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))

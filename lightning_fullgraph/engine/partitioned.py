@@ -53,6 +53,7 @@ from .context import ActiveLayer, current_layer, pop_layer, push_layer
 from .exchange import HaloExchange
 from .norm import patch_gcn_norm, unpatch_gcn_norm
 from .agreement import Agreement
+from .narrow_first import narrowable, narrowed_forward
 from .reorder import reorderable, reordered_forward
 from .static import StaticCache
 from .reverse import reverse_exchange, wrap_dir_gnn
@@ -222,9 +223,16 @@ class PartitionedModel:
         self.wrap_static()
 
     def _wrap_reordered(self) -> None:
+        agreement = Agreement(self.exchange.group, "aggregation order", self.exchange.timeout)
+        own_hooks = lambda: {handle.id for handle in self._handles}  # noqa: E731
+        for name, layer in self.layers:
+            if narrowable(layer) and (name or type(layer).__name__) not in self._exchanges:
+                ours = narrowed_forward(layer, name or type(layer).__name__, layer.forward,
+                                        agreement, own_hooks, self.static)
+                self._forward_wrapped.append((layer, layer.__dict__.get("forward"), ours))
+                layer.__dict__["forward"] = ours
         if self.static is None:
             return
-        agreement = Agreement(self.exchange.group, "aggregation order", self.exchange.timeout)
         for name, layer in self.layers:
             if reorderable(layer) and (name or type(layer).__name__) not in self._exchanges:
                 ours = reordered_forward(layer, name or type(layer).__name__, layer.forward,

@@ -16,7 +16,7 @@ hooks, hooks of ``lin_l``), in explain mode, under autocast, for a lazy ``lin_l`
 initialized, and under ``K.set_layer_order("pyg")`` (or ``$LIGHTNING_FULLGRAPH_LAYER_ORDER=pyg``),
 which keeps every layer's own order. Results equal PyG's within floating-point reassociation.
 """
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Collection, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,7 @@ from .. import compat
 from . import gcn, kept
 from .setting import ModeSetting
 
-__all__ = ["MODES", "ENV", "set_layer_order", "get_layer_order", "mapped_first"]
+__all__ = ["MODES", "ENV", "set_layer_order", "get_layer_order", "narrows", "mapped_first"]
 
 MODES = ("auto", "pyg")
 ENV = "LIGHTNING_FULLGRAPH_LAYER_ORDER"
@@ -46,6 +46,35 @@ def get_layer_order() -> str:
     return _setting.get()
 
 
+#: The hooks that would see the rows a layer aggregates (their width changes with the order).
+_OBSERVING_HOOKS = ("propagate_pre", "propagate", "message_pre", "message", "aggregate_pre",
+                    "aggregate", "message_and_aggregate_pre", "message_and_aggregate")
+
+
+def narrows(layer: Any, x: Any, lin: Any, ignore: Tuple[Callable, ...] = (),
+            own_hooks: Collection[int] = ()) -> bool:
+    r"""Whether a call of :obj:`layer` (a ``SAGEConv`` or ``GraphConv``, whose neighbour map is
+    :obj:`lin`) on source rows :obj:`x` aggregates ``x @ W^T`` in place of :obj:`x`: the layer
+    order is ``"auto"``, the map narrows the rows, the aggregation is linear, and nothing
+    would see the other order's tensors (see the module docstring; :obj:`own_hooks` are ids of
+    hooks on the layer that are not the user's, :obj:`ignore` global hooks of the same kind).
+    Used by the kernels here and by the distributed engine
+    (:mod:`lightning_fullgraph.engine.narrow_first`)."""
+    w = getattr(lin, "weight", None)
+    if (get_layer_order() != "auto" or not isinstance(x, Tensor) or x.dim() != 2
+            or not isinstance(w, torch.nn.Parameter)
+            or isinstance(w, torch.nn.parameter.UninitializedTensorMixin)
+            or w.size(0) >= x.size(-1) or x.dtype != w.dtype or x.device != w.device
+            or not isinstance(layer.aggr, str) or layer.aggr not in ("mean", "add", "sum")
+            or getattr(layer, "explain", False) or getattr(layer, "decomposed_layers", 1) != 1
+            or torch.is_autocast_enabled(x.device.type)):
+        return False
+    if any(hook_id not in own_hooks for kind in _OBSERVING_HOOKS
+           for hook_id in compat.hook_dicts(layer, kind)):
+        return False
+    return not compat.call_is_observed(lin, ignore)
+
+
 def mapped_first(layer: Any, xs: Tuple[Any, Any], edge_index: Any, size: Any,
                  ignore: Tuple[Callable, ...] = ()) -> Optional[Tensor]:
     r"""``lin_l(aggregate(x))`` computed as ``aggregate(x @ W_l^T) + b_l`` when this call maps
@@ -61,16 +90,9 @@ def mapped_first(layer: Any, xs: Tuple[Any, Any], edge_index: Any, size: Any,
     """
     x = xs[0]
     lin = layer.lin_l
-    w = getattr(lin, "weight", None)
-    if (get_layer_order() != "auto" or not isinstance(x, Tensor) or x.dim() != 2
-            or not isinstance(w, torch.nn.Parameter)
-            or isinstance(w, torch.nn.parameter.UninitializedTensorMixin)
-            or w.size(0) >= x.size(-1) or x.dtype != w.dtype or x.device != w.device
-            or layer.aggr not in ("mean", "add", "sum") or getattr(layer, "explain", False)
-            or torch.is_autocast_enabled(x.device.type)
-            or compat.hook_dicts(layer, "propagate_pre") or compat.hook_dicts(layer, "propagate")
-            or compat.call_is_observed(lin, ignore)):
+    if not narrows(layer, x, lin, ignore):
         return None
+    w = lin.weight
     # A static input is the kept aggregation's: aggregated once, then free (.kept).
     if isinstance(edge_index, Tensor) and kept.eligible(x):
         if kept.holds(layer, x, edge_index, None) or kept.sighted_again(layer, x):

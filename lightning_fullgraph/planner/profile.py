@@ -14,8 +14,9 @@ same engine options (aggregation, codec, static caching) and recording every exc
 calls a model makes do not depend on the graph or the number of ranks (every rank calls every
 exchange point, also with nothing to send), their widths do not either.  So ``GCNConv``
 exchanges its ``x @ W`` rows (``out_channels``) and one degree per ``gcn_norm`` call (halo
-rows, plus pre slots in pre/hybrid aggregation), ``SAGEConv``/``GINConv``/``GraphConv`` their
-input rows (``in_channels``), ``GATConv`` its projected rows (``heads * out_channels``) and
+rows, plus pre slots in pre/hybrid aggregation), ``GINConv`` its input rows (``in_channels``),
+``SAGEConv``/``GraphConv`` theirs too, or their ``x @ W`` rows (``out_channels``) where those are
+narrower (:mod:`~lightning_fullgraph.engine.narrow_first`), ``GATConv`` its projected rows (``heads * out_channels``) and
 attention terms (``heads``); a backward exchange happens only where the exchanged tensor needs
 a gradient (not for raw input features), and what the engine's static cache keeps (the
 normalization, aggregations of unchanged inputs, also ``GCNConv`` reordered to aggregate an

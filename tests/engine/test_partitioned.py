@@ -12,7 +12,9 @@ from .models import rank_partition
 def _hooked_propagate(rank, world_size, hooked):
     data, part = rank_partition(rank, world_size)
     torch.manual_seed(1)
-    conv = SAGEConv(data.num_features, 4, aggr="mean")
+    # As wide as its input: a narrower layer would map first (engine/narrow_first.py) only
+    # without the hook, and the two outputs would differ by rounding.
+    conv = SAGEConv(data.num_features, data.num_features, aggr="mean")
     seen = []
     if hooked:  # registered before the engine's own propagate hook
         conv.register_propagate_forward_hook(

@@ -142,8 +142,10 @@ def _in_place(rank, world_size):
     fresh = FullGraphEngine(part, cache_static=False)
     fresh.attach(conv)
     expected = conv(local.x, local.edge_index)
-    return (torch.equal(first, again), torch.equal(edited, expected),
-            not torch.equal(edited, first))
+    # (Without the cache the layer, narrower than its input, maps before it aggregates:
+    # engine/narrow_first.py; the same result within reassociation.)
+    return (torch.equal(first, again), torch.allclose(edited, expected, rtol=1e-5, atol=1e-6),
+            not torch.allclose(edited, first, rtol=1e-3))
 
 
 def _fresh_views(rank, world_size):
