@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="aggregation backend ('pyg': PyG's own scatter path)")
     t.add_argument("--huge-pages", default="auto", choices=["auto", "on", "off"],
                    help="large CPU tensors in transparent huge pages with the CPU kernels "
-                        "(auto: on unless LIGHTNING_FULLGRAPH_HUGE_PAGES=0; 'off': 4 KiB pages)")
+                        "('on' swaps torch's CPU allocator for the run; default 'auto': the "
+                        "process's mode, off unless LIGHTNING_FULLGRAPH_HUGE_PAGES says on)")
     t.add_argument("--aggregation", default="hybrid", choices=["hybrid", "post", "pre", "auto"],
                    help="how cut edges of GCN/SAGE/GIN-like layers cross the wire: 'post' "
                         "sends source rows, 'pre' partial aggregates, 'hybrid' the smaller "

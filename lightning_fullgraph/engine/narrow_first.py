@@ -46,13 +46,19 @@ def _maps(layer: Any):
 
 
 def narrowable(layer: Any) -> bool:
-    r"""Whether :obj:`layer` is a ``SAGEConv`` or ``GraphConv`` with PyG's own ``forward``
-    and a linear aggregation (whether a call narrows also depends on its widths and
-    observers, see the module docstring)."""
-    return (any(isinstance(layer, base) and type(layer).forward is base.forward
+    r"""Whether :obj:`layer` is a ``SAGEConv`` or ``GraphConv`` with PyG's own ``forward``, a
+    linear aggregation and a neighbour map narrower than its input (whether a call narrows
+    also depends on its input and observers, see the module docstring).  Other layers keep
+    their forward, so the kernels' own forward may go there (:mod:`..kernels.sage`)."""
+    if not (any(isinstance(layer, base) and type(layer).forward is base.forward
                 for base in _MAPS)
             and isinstance(getattr(layer, "aggr", None), str)
-            and layer.aggr in ("sum", "add", "mean"))
+            and layer.aggr in ("sum", "add", "mean")):
+        return False
+    weight = getattr(getattr(layer, _maps(layer)[0], None), "weight", None)
+    return (isinstance(weight, torch.nn.Parameter)
+            and not isinstance(weight, torch.nn.parameter.UninitializedTensorMixin)
+            and weight.size(0) < weight.size(1))
 
 
 def narrowed_forward(layer: Any, key: str, original: Callable, agreement: Agreement,

@@ -7,11 +7,12 @@ distributed version computes owned degrees locally and fetches halo degrees
 through the same halo exchange that carries features (one scalar per halo row).
 
 PyG's convolutions call ``gcn_norm`` from their module namespaces
-(``sg_conv.gcn_norm``, ``appnp.gcn_norm``, ...).  :func:`patch_gcn_norm` routes
-each of those references through a dispatcher that runs the distributed version
-while a partitioned layer is executing and passes the call on otherwise (to the
-kernels' memo where it applies, else to PyG's own; :func:`.compat.route_gcn_norm`);
-it is reference counted and undone by :func:`unpatch_gcn_norm`.  Inside a partitioned layer a sparse
+(``sg_conv.gcn_norm``, ``appnp.gcn_norm``, ...).  An attached layer runs a copy of its
+class's ``forward`` whose ``gcn_norm`` is the router (:func:`.compat.with_gcn_norm_routed`;
+PyG's modules are not touched), and :func:`add_dispatcher` puts the dispatcher first in the
+router's chain: it runs the distributed version while a partitioned layer is executing and
+passes the call on otherwise (to the kernels' memo where it applies, else to PyG's own); it
+is reference counted and undone by :func:`remove_dispatcher`.  Inside a partitioned layer a sparse
 adjacency is refused (PyG's local normalization would use wrong halo degrees).
 
 In pre/hybrid aggregation (:mod:`.aggregation`) the layer propagates over its mode's edges,
@@ -29,7 +30,7 @@ from torch_geometric.utils import add_remaining_self_loops, scatter
 from .. import compat
 from .context import current_layer
 
-__all__ = ["distributed_gcn_norm", "patch_gcn_norm", "unpatch_gcn_norm"]
+__all__ = ["distributed_gcn_norm", "add_dispatcher", "remove_dispatcher"]
 
 _pyg_gcn_norm = compat.pyg_gcn_norm()
 _patch_count = 0
@@ -238,19 +239,21 @@ def _routed_gcn_norm(layer, router, mode, attr, edge_index, edge_weight, num_nod
                                 add_self_loops, dtype)
 
 
-def patch_gcn_norm() -> None:
-    r"""Routes every imported ``gcn_norm`` reference through the dispatcher."""
+def add_dispatcher() -> None:
+    r"""Puts the dispatcher in the ``gcn_norm`` router's chain (no PyG module is changed:
+    the attached layers call the router through their scoped forward,
+    :func:`.compat.with_gcn_norm_routed`)."""
     global _patch_count
     _patch_count += 1
     if _patch_count == 1:  # first in line: a partitioned layer's call is the engine's
-        compat.route_gcn_norm(_dispatch_gcn_norm, priority=0)
+        compat.add_gcn_norm_handler(_dispatch_gcn_norm, priority=0)
 
 
-def unpatch_gcn_norm() -> None:
-    r"""Undoes one :func:`patch_gcn_norm`; the last one takes the dispatcher out."""
+def remove_dispatcher() -> None:
+    r"""Undoes one :func:`add_dispatcher`; the last one takes the dispatcher out."""
     global _patch_count
     if _patch_count == 0:
         return
     _patch_count -= 1
     if _patch_count == 0:
-        compat.unroute_gcn_norm(_dispatch_gcn_norm)
+        compat.remove_gcn_norm_handler(_dispatch_gcn_norm)

@@ -34,6 +34,7 @@ to the mode's edges and halo, a propagate forward hook adds the received partial
 (and divides mean aggregations by the global in-degree).
 """
 import math
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
@@ -51,7 +52,7 @@ from .laplacian import wrap_chebyshev_norm
 from .propagation import unwrap_label_propagation, wrap_label_propagation
 from .context import ActiveLayer, current_layer, pop_layer, push_layer
 from .exchange import HaloExchange
-from .norm import patch_gcn_norm, unpatch_gcn_norm
+from .norm import add_dispatcher, remove_dispatcher
 from .agreement import Agreement
 from .narrow_first import narrowable, narrowed_forward
 from .reorder import reorderable, reordered_forward
@@ -217,10 +218,23 @@ class PartitionedModel:
         self._norm_swaps = convert_cross_node_norms(self.model, self.exchange.group)
         self._propagation = wrap_label_propagation(self.model, self.exchange.group,
                                                    self.exchange.timeout)
-        patch_gcn_norm()
+        add_dispatcher()
         self._attached = True
+        self._scope_gcn_norm()
         self._wrap_reordered()
         self.wrap_static()
+
+    def _scope_gcn_norm(self) -> None:
+        # Each layer whose forward calls PyG's gcn_norm gets a copy of that forward calling
+        # the router (the engine's dispatcher first): this model's calls, not the process's.
+        for _name, layer in self.layers:
+            if "forward" in layer.__dict__:
+                continue  # a forward of the instance's own: its globals are its own
+            scoped = compat.with_gcn_norm_routed(type(layer).forward)
+            if scoped is not None:
+                ours = types.MethodType(scoped, layer)
+                self._forward_wrapped.append((layer, None, ours))
+                layer.__dict__["forward"] = ours
 
     def _wrap_reordered(self) -> None:
         agreement = Agreement(self.exchange.group, "aggregation order", self.exchange.timeout)
@@ -287,7 +301,7 @@ class PartitionedModel:
         self._norm_swaps = []
         revert_batchnorm(self._bn_swaps)
         self._bn_swaps = []
-        unpatch_gcn_norm()
+        remove_dispatcher()
         self._attached = False
         return self.model
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn.conv import GCNConv, gcn_conv
 
+from .. import compat
 from ..compat import has_forward_hooks
 from .agreement import Agreement
 from .context import current_layer
@@ -96,7 +97,7 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
             seen.remember(x)
         if not static.agreed_reuse(point, same):
             return original(x, edge_index, edge_weight)
-        edge_index, edge_weight = gcn_conv.gcn_norm(  # the engine's dispatcher (cached)
+        edge_index, edge_weight = compat.gcn_norm_router()(  # the engine's dispatcher (cached)
             edge_index, edge_weight, x.size(layer.node_dim), layer.improved,
             layer.add_self_loops, layer.flow, x.dtype)
         active = current_layer()

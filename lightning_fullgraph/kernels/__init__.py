@@ -13,8 +13,8 @@ Quick start::
                                   # "auto": unchanged inputs' aggregations kept, see .kept)
     K.set_layer_order("pyg")      # every layer in PyG's order (default "auto": a narrowing
                                   # SAGEConv maps before it aggregates, see .sage_reorder)
-    K.set_huge_pages("on")        # large CPU tensors in 2 MiB pages now (default "auto":
-                                  # from the first use of the C++ kernels on)
+    with K.use_huge_pages(): ...  # large CPU tensors in 2 MiB pages for the block (off by
+                                  # default: it swaps torch's CPU allocator, see .huge_pages)
 
 Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
 """
@@ -24,7 +24,7 @@ from .functional import aggregate
 from .kept import get_static_inputs, set_static_inputs
 from .sage_reorder import get_layer_order, set_layer_order
 from .huge_pages import (get_block_cache, get_huge_pages, huge_pages_info, set_block_cache,
-                         set_huge_pages)
+                         set_huge_pages, use_huge_pages)
 from .locality import NodeOrder, get_locality, locality_score, set_locality
 from .pyg import AccelerationHandle, accelerate, is_accelerated, register_layer, registered_layers
 
@@ -53,6 +53,7 @@ __all__ = [
     "get_locality",
     "locality_score",
     "NodeOrder",
+    "use_huge_pages",
     "set_huge_pages",
     "get_huge_pages",
     "huge_pages_info",

@@ -11,8 +11,9 @@ never touches CUDA (``with_cuda=False``). When the sources are missing, no compi
 is available, or ``LIGHTNING_FULLGRAPH_NO_EXT=1`` is set, :func:`load` returns
 ``None`` after a single warning and callers use the pure-PyTorch reference.
 
-Loading the extension also installs its huge-page CPU allocator for large tensors
-(:mod:`.huge_pages`; ``LIGHTNING_FULLGRAPH_HUGE_PAGES=0`` keeps torch's). Large outputs come
+The extension also carries a huge-page CPU allocator for large tensors, installed only when
+asked (:mod:`.huge_pages`: ``use_huge_pages()``; loading the extension installs it only in
+mode ``"auto"``). Large outputs come
 from a small pool of recycled, huge-page-advised buffers inside the extension (first-touch
 page faults of a fresh 512 MiB output otherwise cost as much as the aggregation).
 ``LIGHTNING_FULLGRAPH_POOL_MB`` caps the idle pooled memory (default 2048,

@@ -16,23 +16,32 @@ memory no tensor uses); smaller ones stay with torch's default allocator. A tens
 while it is installed may outlive it. Values, dtypes, devices and autograd are untouched: only
 where the bytes sit changes.
 
-Modes (:func:`set_huge_pages`, or the environment variable ``LIGHTNING_FULLGRAPH_HUGE_PAGES``
-read at import):
+**Off by default**: the allocator becomes torch's CPU allocator for every tensor of the
+process, so nothing installs it unless asked.  Ask for it for a block of code::
 
-* ``"auto"`` (default): installed when the C++ kernels load in this process, and by
-  :class:`~lightning_fullgraph.FullGraphStrategy` with CPU kernels before the data is set up
-  (so the partition's features are in huge pages too); nothing happens where the platform
-  has no transparent huge pages, where torch already does it (``THP_MEM_ALLOC_ENABLE=1``), or
-  where another CPU allocator was installed.
+    import lightning_fullgraph.kernels as K
+
+    with K.use_huge_pages():      # installed now; what was in effect comes back at exit
+        ...
+
+or for a run, ``FullGraphStrategy(huge_pages=True)`` (reverted at teardown; ``train
+--huge-pages on``), or for the process, :func:`set_huge_pages` or the environment variable
+``LIGHTNING_FULLGRAPH_HUGE_PAGES`` (read once, at import).  The modes:
+
+* ``"off"`` (default): torch's default allocator (restored if ours was installed).
 * ``"on"``: installed now (building the C++ kernels if needed); a warning says why not when
   it cannot be.
-* ``"off"``: torch's default allocator (restored if ours was installed).
+* ``"auto"``: installed when the C++ kernels load in this process, and by
+  :class:`~lightning_fullgraph.FullGraphStrategy` with CPU kernels before the data is set up
+  (so the partition's features are in huge pages too).
 
-Tensors allocated *before* the allocator is installed stay where they are: to have a
-dataset's features in huge pages without the strategy, call ``set_huge_pages("on")`` before
-loading it.
+Where the platform has no transparent huge pages, where torch already does it
+(``THP_MEM_ALLOC_ENABLE=1``), or where another CPU allocator was installed, nothing is
+installed (with ``"on"``, a warning says why).  Tensors allocated *before* the allocator is
+installed stay where they are: to have a dataset's features in huge pages without the
+strategy, load it inside ``use_huge_pages()``.
 
-**Block cache (on by default).** Without it every large block is unmapped when freed, so
+**Block cache (on with the allocator).** Without it every large block is unmapped when freed, so
 the tensor that takes its place in the next training step starts in fresh pages: a page
 fault per 2 MiB and the kernel zeroing it, which on this project's 2-core virtual machine
 cost 0.43-1.12 s of system time per step over four GCN ranks (``benchmarks/rank_profile.py
@@ -61,10 +70,11 @@ from typing import Any, Dict, Optional, Union
 
 __all__ = ["MODES", "ENV", "CACHE_ENV", "THRESHOLD", "set_huge_pages", "get_huge_pages",
            "is_active", "set_block_cache", "get_block_cache", "default_block_cache", "thp_mode",
-           "huge_pages_info", "HugePagesHandle", "enable_for_kernels"]
+           "huge_pages_info", "HugePagesHandle", "enable_for_kernels", "use_huge_pages"]
 
 MODES = ("auto", "on", "off")
-#: Environment variable selecting the mode at import (``auto``, ``on``/``1``, ``off``/``0``).
+#: Environment variable selecting the mode at import (``off``/``0``, the default; ``on``/``1``;
+#: ``auto``).
 ENV = "LIGHTNING_FULLGRAPH_HUGE_PAGES"
 #: Environment variable with the block cache's limit in bytes (see :func:`set_block_cache`).
 CACHE_ENV = "LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE"
@@ -73,7 +83,7 @@ THRESHOLD = 2 << 20
 
 _SYSFS = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _ALIASES = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off",
-            "": "auto"}
+            "": "off"}
 
 
 def _normalize(mode: str) -> str:
@@ -84,13 +94,13 @@ def _normalize(mode: str) -> str:
 
 
 def _mode_from_env() -> str:
-    value = os.environ.get(ENV, "auto")
+    value = os.environ.get(ENV, "off")
     try:
         return _normalize(value)
     except ValueError:
         warnings.warn(f"lightning_fullgraph: {ENV}={value!r} is not one of {MODES}; using "
-                      "'auto'", RuntimeWarning, stacklevel=2)
-        return "auto"
+                      "'off'", RuntimeWarning, stacklevel=2)
+        return "off"
 
 
 _SUFFIXES = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
@@ -286,8 +296,9 @@ def huge_pages_info() -> Dict[str, Any]:
 
 
 class HugePagesHandle:
-    """What :func:`enable_for_kernels` changed, undone by :meth:`revert`: the mode and whether
-    the allocator was installed before the call come back.
+    """What :func:`enable_for_kernels` (or :func:`use_huge_pages`) changed, undone by
+    :meth:`revert` or at the end of a ``with`` block: the mode and whether the allocator was
+    installed before the call come back.
 
     Attributes:
         installed (bool): Whether the call installed the allocator (it was not before).
@@ -311,6 +322,12 @@ class HugePagesHandle:
             ext.install_huge_pages(THRESHOLD)
         elif not self.was_active and is_active():
             ext.uninstall_huge_pages()
+
+    def __enter__(self) -> "HugePagesHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.revert()
 
     def __repr__(self) -> str:
         return (f"HugePagesHandle(installed={self.installed}, "
@@ -336,6 +353,18 @@ def enable_for_kernels(setting: Optional[bool] = None) -> HugePagesHandle:
     elif get_huge_pages() != "off" and not is_active():
         _install(explicit=get_huge_pages() == "on")
     return HugePagesHandle(*handle_args)
+
+
+def use_huge_pages(enabled: bool = True) -> HugePagesHandle:
+    """Large CPU tensors in transparent huge pages from now on (``enabled=False``: torch's
+    4 KiB pages), until the returned handle is reverted; as a context manager, for the block::
+
+        with K.use_huge_pages():
+            trainer.fit(...)
+
+    A warning says why not where the machine cannot (see the module docstring).
+    """
+    return enable_for_kernels(bool(enabled))
 
 
 def _on_kernels_loaded(ext: Any) -> None:

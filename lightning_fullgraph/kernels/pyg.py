@@ -330,8 +330,10 @@ def _install(module, pinned: Optional[str],
     module.__dict__["propagate"] = wrapper
     fused, routed = None, False
     # The layer's dense side with the kernels (see .sage, .gcn); not over another instance
-    # forward (the distributed engine's, a user's).
-    if "forward" not in module.__dict__:
+    # forward (the distributed engine's, a user's), except the engine's copy of the class's
+    # own forward that only routes its gcn_norm calls (the kernels route them too).
+    own = module.__dict__.get("forward")
+    if own is None or compat.is_gcn_norm_scoped(own):
         if sage.fusable(module):  # SAGEConv's root term accumulated into lin_l's product
             fused = sage.fused_forward(module, module.forward, (_global_pre_hook, ))
         elif gcn.applies(module):  # GCNConv: normalization memoized, bias in place, reordered
@@ -342,15 +344,18 @@ def _install(module, pinned: Optional[str],
         module.__dict__["forward"] = fused
     if routed:
         gcn.route()  # the memo in PyG's gcn_norm calls while this layer is accelerated
-    return saved, wrapper, fused, routed
+    return saved, wrapper, fused, routed, own
 
 
 def _uninstall(module, token) -> None:
-    saved, wrapper, fused, routed = token
+    saved, wrapper, fused, routed, own = token
     if routed:
         gcn.unroute()
     if fused is not None and module.__dict__.get("forward") is fused:
-        del module.__dict__["forward"]
+        if own is None:
+            del module.__dict__["forward"]
+        else:
+            module.__dict__["forward"] = own
     if module.__dict__.get("propagate") is not wrapper:
         return  # someone replaced it since (e.g. PyG's explain setter); leave theirs
     if saved is _MISSING:

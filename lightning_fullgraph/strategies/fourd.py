@@ -1,5 +1,4 @@
 r"""``FourDStrategy``: ScaleGNN's mini-batch training, data parallel x a 3-D process grid."""
-import os
 import sys
 from datetime import timedelta
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -53,8 +52,9 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
             :class:`~lightning_fullgraph.FullGraphStrategy`); a stuck peer ends the run with a
             :class:`~lightning_fullgraph.engine.CollectiveError`.
         startup_timeout (timedelta or float): Timeout of the rendezvous of the processes.
-        num_threads (int, optional): Torch threads per process (default: the node's cores
-            divided by its processes).
+        num_threads (int, optional): Torch intra-op threads per process, set at setup and
+            restored at teardown (default: left as the launcher set it, as
+            :class:`~lightning_fullgraph.FullGraphStrategy` does).
         log_communication (bool): Add a
             :class:`~lightning_fullgraph.callbacks.CommunicationMonitor` (the grid's bytes
             per epoch, ``comm/sent_MB``) unless one is set.
@@ -83,6 +83,7 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
         self.dp, self.grid, self.seed = dp, tuple(grid), int(seed)
         self.bf16_comm = bool(bf16_comm)
         self.num_threads = num_threads
+        self._threads_before: Optional[int] = None
         self.log_communication = bool(log_communication)
         self.mesh: Optional[FourDMesh] = None
         self._surgery: Optional[GridSplit] = None  # the model surgery, once applied
@@ -94,9 +95,9 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
     # -- environment and model surgery --------------------------------------------------------
     def setup_environment(self) -> None:
         super().setup_environment()
-        if self.root_device.type == "cpu":
-            torch.set_num_threads(self.num_threads or max(
-                1, (os.cpu_count() or 1) // max(1, self.num_processes)))
+        if self.num_threads is not None:  # only when asked: the count is the process's
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(int(self.num_threads))
         trainer = getattr(self.lightning_module, "trainer", None) \
             if self.lightning_module is not None else None
         if trainer is not None:
@@ -225,6 +226,9 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
             # While an exception unwinds (a peer may be gone) no collective: the modules are
             # put back without gathering the trained blocks.
             self._revert(gather=sys.exc_info()[0] is None)
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         super().teardown()
 
     @classmethod

@@ -30,7 +30,6 @@ computes epoch metrics there on rank 0 only).
 """
 import atexit
 import logging
-import os
 import re
 from datetime import timedelta
 from functools import partial
@@ -98,11 +97,13 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             ``"triton"``, ``"torch"``); ``None`` keeps PyG's own path.
         huge_pages (bool, optional): With CPU kernels (``"auto"``, ``"cpp"``), large CPU
             tensors in transparent huge pages for the run
-            (:mod:`lightning_fullgraph.kernels.huge_pages`): ``None`` (default) follows
-            ``LIGHTNING_FULLGRAPH_HUGE_PAGES`` (on unless it says ``0``), ``True`` on (a
-            warning says why not where the machine cannot), ``False`` torch's 4 KiB pages.
-            What was in effect before comes back at teardown. The allocator keeps the pages
-            of freed blocks for the next step's tensors (its block cache, on by default:
+            (:mod:`lightning_fullgraph.kernels.huge_pages`): this swaps torch's CPU
+            allocator for every tensor of the process, so it is off unless asked: ``True``
+            on (a warning says why not where the machine cannot), ``False`` torch's 4 KiB
+            pages, ``None`` (default) the process's mode (``kernels.set_huge_pages``,
+            ``LIGHTNING_FULLGRAPH_HUGE_PAGES``; off unless set).  What was in effect before
+            comes back at teardown.  Measured gain: README, "Huge pages".  The allocator
+            keeps the pages of freed blocks for the next step's tensors (its block cache:
             ``kernels.set_block_cache``, ``LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE=0`` turns it
             off).
         exchange (ExchangeConfig or dict, optional): How halo rows cross the wire: the
@@ -124,9 +125,10 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             processes and the wait while rank 0 partitions the graph.  Kept apart from
             :obj:`timeout` so a short dead-peer timeout does not fail start-up on a loaded
             machine.
-        num_threads (int, optional): Torch intra-op threads per rank (default:
-            ``$OMP_NUM_THREADS`` where it is set, e.g. by ``torchrun``, else the node's cores
-            divided by the processes on it).
+        num_threads (int, optional): Torch intra-op threads per rank, set at setup and
+            restored at teardown.  Default: left as the launcher set it (``torchrun`` and
+            Lightning's launchers set ``$OMP_NUM_THREADS``, Lightning's to the node's cores
+            divided by its processes, where it was not set).
         log_communication (bool): Add a
             :class:`~lightning_fullgraph.callbacks.CommunicationMonitor` unless one is set.
         **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`:
@@ -170,7 +172,10 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         # One step-aside decision per strategy: fit's decision is what validate and test
         # report, and what a checkpoint restores into the next engine.
         self._step_aside = StepAside.of(self.exchange.step_aside)
+        if num_threads is not None and int(num_threads) < 1:
+            raise ValueError(f"num_threads must be at least 1 (or None), got {num_threads!r}")
         self.num_threads = num_threads
+        self._threads_before: Optional[int] = None
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
         # (the user's LightningNodeData, the FullGraphNodeData that replaces it): reused when
@@ -186,11 +191,9 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         super().setup_environment()
         atexit.unregister(_close_process_group)  # once, however many Trainers ran
         atexit.register(_close_process_group)
-        if self.root_device.type == "cpu":
-            # Processes on one node share its cores; oversubscription slows every rank.
-            threads = self.num_threads or _omp_threads() or max(
-                1, (os.cpu_count() or 1) // max(1, self.num_processes))
-            torch.set_num_threads(threads)
+        if self.num_threads is not None:  # only when asked: the count is the process's
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(int(self.num_threads))
         self._add_callbacks()
         if self.kernels in ("auto", "cpp") and self.root_device.type == "cpu":
             # Before the data is set up, so that the partition's features land in huge pages.
@@ -199,7 +202,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             self.huge_pages_active = huge_pages.is_active()
             if self.huge_pages_active:
                 log.info("FullGraphStrategy: large CPU tensors in transparent huge pages "
-                         "(LIGHTNING_FULLGRAPH_HUGE_PAGES=0 keeps 4 KiB pages)")
+                         "for this run (huge_pages=True)")
         # Here, before the Trainer calls any data hook (prepare_data comes next).
         self._take_over_data()
 
@@ -430,6 +433,9 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         if self._huge_pages is not None:
             self._huge_pages.revert()
             self._huge_pages = None
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         super().teardown()
 
     @classmethod
@@ -470,10 +476,3 @@ _OWN_ARGUMENTS = ("loss_mask", "loss_reduction", "trusted_layers", "sync_batchno
                   "log_communication")
 
 FullGraphStrategy.register_strategies(StrategyRegistry)
-
-
-def _omp_threads() -> Optional[int]:
-    r"""The thread count ``$OMP_NUM_THREADS`` asks for (a launcher's or the user's choice:
-    an emulated one-core node must not run two threads), or ``None``."""
-    value = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None

@@ -77,6 +77,8 @@ def test_narrowable_layers():
     assert narrowable(GraphConv(8, 2)) and narrowable(GraphConv(8, 2, aggr="mean"))
     assert not narrowable(SAGEConv(8, 2, aggr="max"))  # not linear
     assert not narrowable(SAGEConv(8, 2, aggr=["mean", "max"]))
+    assert not narrowable(SAGEConv(2, 8)) and not narrowable(GraphConv(8, 8))  # not narrower
+    assert not narrowable(SAGEConv(-1, 2))  # lazy: its width is not known yet
 
     class Own(SAGEConv):
         def forward(self, x, edge_index):

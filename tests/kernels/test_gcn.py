@@ -338,7 +338,7 @@ def test_the_engine_handler_goes_first_whatever_the_order_of_routing():
     from torch_geometric.nn import APPNP
     layer = APPNP(K=1, alpha=0.1)
     with K.accelerate(layer, backend="auto"):
-        engine_norm.patch_gcn_norm()
+        engine_norm.add_dispatcher()
         try:
             handlers = [h for *_, h in compat._gcn_norm_handlers]
             assert handlers[0] is engine_norm._dispatch_gcn_norm and handlers[1] is gcn._handler
@@ -347,7 +347,7 @@ def test_the_engine_handler_goes_first_whatever_the_order_of_routing():
             layer(x, ei)
             assert gcn.memo_info()["hits"] == 1  # no partitioned layer: the memo answered
         finally:
-            engine_norm.unpatch_gcn_norm()
+            engine_norm.remove_dispatcher()
         assert [h for *_, h in compat._gcn_norm_handlers] == [gcn._handler]
     assert not compat._gcn_norm_handlers
 

@@ -201,23 +201,39 @@ def _in_fresh_process(env_update: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_loading_the_kernels_installs_it_by_default_and_the_environment_turns_it_off():
+def test_loading_the_kernels_changes_no_allocator_unless_asked():
     cpp_or_skip()
     _thp_or_skip()
+    # Nothing global by default: loading (and using) the kernels keeps torch's allocator.
     default = _in_fresh_process({})
-    assert default["mode"] == "auto" and default["active"] and default["aligned"]
-    assert default["allocations"] >= 1
-    off = _in_fresh_process({HP.ENV: "0"})
-    assert off["mode"] == "off" and not off["active"] and off["allocations"] == 0
-    torch_own = _in_fresh_process({"THP_MEM_ALLOC_ENABLE": "1"})
+    assert default["mode"] == "off" and not default["active"]
+    assert default["allocations"] == 0
+    # The environment seeds the mode: "auto" installs it as the kernels load, "1" too.
+    auto = _in_fresh_process({HP.ENV: "auto"})
+    assert auto["mode"] == "auto" and auto["active"] and auto["aligned"]
+    assert auto["allocations"] >= 1
+    assert _in_fresh_process({HP.ENV: "1"})["active"]
+    torch_own = _in_fresh_process({HP.ENV: "auto", "THP_MEM_ALLOC_ENABLE": "1"})
     assert torch_own["torch_thp"] and not torch_own["active"]  # torch does it already
 
 
-def test_an_unknown_environment_value_warns_and_means_auto(monkeypatch):
+def test_use_huge_pages_is_scoped(restore_mode):
+    cpp_or_skip()
+    _thp_or_skip()
+    HP.set_huge_pages("off")
+    with K.use_huge_pages() as handle:
+        assert HP.is_active() and handle.installed
+        x = torch.ones(1 << 22)
+        assert x.data_ptr() % (2 << 20) == 0
+    assert not HP.is_active() and K.get_huge_pages() == "off"
+    del x  # a tensor allocated inside may outlive the block
+
+
+def test_an_unknown_environment_value_warns_and_means_off(monkeypatch):
     monkeypatch.setenv(HP.ENV, "maybe")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert HP._mode_from_env() == "auto"
+        assert HP._mode_from_env() == "off"
     assert any("LIGHTNING_FULLGRAPH_HUGE_PAGES='maybe'" in str(w.message) for w in caught)
 
 

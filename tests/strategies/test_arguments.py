@@ -60,16 +60,10 @@ def test_ddp_options_at_their_defaults_are_accepted(strategy):
              bucket_cap_mb=None)
 
 
-@pytest.mark.parametrize("value, threads", [("3", 3), (" 1 ", 1), ("0", None), ("", None),
-                                            ("four", None)])
-def test_omp_num_threads_chooses_the_default_thread_count(monkeypatch, value, threads):
-    # torchrun (and a user) ask for a thread count with $OMP_NUM_THREADS; without it the
-    # strategy divides the node's cores among its processes.
-    from lightning_fullgraph.strategies.fullgraph import _omp_threads
-    monkeypatch.setenv("OMP_NUM_THREADS", value)
-    assert _omp_threads() == threads
-    monkeypatch.delenv("OMP_NUM_THREADS")
-    assert _omp_threads() is None
+def test_num_threads_must_be_positive():
+    # (Set only when given, restored at teardown: tests/strategies/test_fullgraph.py.)
+    with pytest.raises(ValueError, match="num_threads must be at least 1"):
+        FullGraphStrategy(num_threads=0)
 
 
 def test_reductions_step_aside_by_default():

@@ -16,12 +16,12 @@ from .modules import ManualClassifier, NodeClassifier, SGDClassifier
 EPOCHS = 8
 
 
-def _trainer(world_size, tmp, kernels, precision="64-true", **kwargs):
+def _trainer(world_size, tmp, kernels, precision="64-true", options=None, **kwargs):
     import lightning.pytorch as pl
     from lightning_fullgraph import FullGraphStrategy
     kwargs.setdefault("max_epochs", EPOCHS)
     return pl.Trainer(accelerator="cpu", devices=world_size, precision=precision,
-                      strategy=FullGraphStrategy(kernels=kernels, timeout=30),
+                      strategy=FullGraphStrategy(kernels=kernels, timeout=30, **(options or {})),
                       logger=False, enable_progress_bar=False, enable_model_summary=False,
                       default_root_dir=tmp, num_sanity_val_steps=0, **kwargs)
 
@@ -60,9 +60,10 @@ class _HugePagesProbe(pl.Callback):
     def on_train_start(self, trainer, pl_module):
         from lightning_fullgraph.kernels import huge_pages
         self.active = huge_pages.is_active()
+        self.threads = torch.get_num_threads()
 
 
-def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
+def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode, options=None):
     from lightning_fullgraph import FullGraphDataModule
     data = skewed_graph()
     ref, ref_acc, ref_logits = _reference(data, EPOCHS, conv, manual=mode == "manual")
@@ -72,16 +73,18 @@ def _fit_and_compare(rank, world_size, tmp, kernels, conv, mode):
         data.num_features, 4, conv=conv)
     dm = FullGraphDataModule(data, cache_dir=os.path.join(tmp, "cache"))
     probe = _HugePagesProbe()
-    trainer = _trainer(world_size, tmp, kernels, callbacks=[probe])
+    trainer = _trainer(world_size, tmp, kernels, callbacks=[probe], options=options)
     if mode == "compile":
         # The model inside the LightningModule is compiled. (Compiling the whole module,
         # trainer.fit(torch.compile(module)), fails in plain single-device Lightning 2.6.6 with
         # torch 2.13 too: dynamo then traces training_step and breaks on self.log.)
         module.model = torch.compile(module.model, backend="aot_eager")
+    threads_before = torch.get_num_threads()
     trainer.fit(module, datamodule=dm)
     from lightning_fullgraph.kernels import huge_pages
     huge = dict(during=probe.active, after=huge_pages.is_active(),
-                possible=huge_pages._why_not() is None and not huge_pages._torch_does_it())
+                possible=huge_pages._why_not() is None and not huge_pages._torch_does_it(),
+                threads=(threads_before, probe.threads, torch.get_num_threads()))
     params = {name: float((p - q).abs().max()) for (name, p), q in
               zip(module.named_parameters(), ref.parameters())}
     val_acc = float(trainer.callback_metrics["val_acc"])
@@ -112,10 +115,23 @@ def test_trainer_matches_single_process(tmp_path, world_size, kernels, conv, mod
         assert r["logits_shape"] == (data.num_nodes, 4)  # global order, every node
         assert r["logits"] < 1e-9, r
         assert r["comm"] is not None and r["comm"] > 0
-        if kernels == "auto" and r["huge"]["possible"]:
-            # Installed by the strategy for the CPU kernels, given back at teardown.
-            assert r["huge"]["during"] is True and r["huge"]["after"] is False, r["huge"]
+        # Nothing global unless asked: torch's CPU allocator and the thread count stay as
+        # they were (huge pages are an opt-in, huge_pages=True; tested below).
+        assert r["huge"]["during"] is False and r["huge"]["after"] is False, r["huge"]
+        assert len(set(r["huge"]["threads"])) == 1, r["huge"]
     assert sum(r["owned"] for r in results) == data.num_nodes
+
+
+@pytest.mark.multiprocess
+def test_huge_pages_and_threads_when_asked_for_the_run_only(tmp_path):
+    results = run_distributed(_fit_and_compare, 2, str(tmp_path), "auto", "gcn", "automatic",
+                              dict(huge_pages=True, num_threads=2))
+    for r in results:
+        assert max(r["params"].values()) < 1e-9, r
+        before, during, after = r["huge"]["threads"]
+        assert during == 2 and after == before, r["huge"]
+        if r["huge"]["possible"]:  # installed for the run, given back at teardown
+            assert r["huge"]["during"] is True and r["huge"]["after"] is False, r["huge"]
 
 
 def _fit_bf16(rank, world_size, tmp, conv):
