@@ -64,14 +64,16 @@ def test_size_floor_and_modes(monkeypatch):
     with pytest.raises(ValueError, match="locality mode"):
         K.set_locality("fast")
     monkeypatch.setenv(locality.ENV, "off")
+    K.set_locality(None)  # the environment is read again (else once, at the first query)
     assert K.get_locality() == "off"
     K.set_locality("bfs")
     assert K.get_locality() == "bfs"  # an explicit choice beats the environment
-    K.set_locality(None)
     monkeypatch.setenv(locality.ENV, "sometimes")
+    K.set_locality(None)
     with pytest.raises(ValueError, match="LIGHTNING_FULLGRAPH_LOCALITY"):
         K.get_locality()
     monkeypatch.delenv(locality.ENV)
+    K.set_locality(None)
     assert K.get_locality() == "auto"
     with pytest.raises(ValueError, match="locality mode"):
         _order(ei, n, "fast")

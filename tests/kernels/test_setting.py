@@ -1,5 +1,6 @@
-"""``kernels.setting.ModeSetting``: the value set in code wins, else the environment's, else the
-first mode; bad values are refused naming the setting and its modes."""
+"""``kernels.setting.ModeSetting``: the value set in code wins, else the environment's (read
+once, again after ``set(None)``), else the first mode; bad values are refused naming the
+setting and its modes."""
 import pytest
 
 from lightning_fullgraph.kernels.setting import ModeSetting
@@ -12,12 +13,15 @@ def test_code_then_environment_then_default(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert s.get() == "auto"
     monkeypatch.setenv(ENV, " OFF ")
-    assert s.get() == "off"  # read on every query, trimmed, any case
+    assert s.get() == "auto"  # read once: it seeds the default, not every call
+    s.set(None)
+    assert s.get() == "off"  # read again after set(None), trimmed, any case
     s.set("auto")
     assert s.get() == "auto"  # code wins over the environment
     s.set(None)
     assert s.get() == "off"
     monkeypatch.setenv(ENV, "")
+    s.set(None)
     assert s.get() == "auto"
 
 
@@ -26,6 +30,7 @@ def test_bad_values_name_the_setting(monkeypatch):
     with pytest.raises(ValueError, match=r"test mode must be one of \('auto', 'off'\), got 'sometimes'"):
         s.set("sometimes")
     monkeypatch.setenv(ENV, "sometimes")
+    s.set(None)
     with pytest.raises(ValueError, match=rf"{ENV}='sometimes': must be one of"):
         s.get()
 
