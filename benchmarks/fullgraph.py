@@ -189,8 +189,8 @@ def _train(cfg: Dict[str, Any], rank: int, world: int, port: int) -> Dict[str, A
     engine = None
     if cfg.get("kernels", "pyg") in ("auto", "cpp"):
         # As FullGraphStrategy does in setup_environment: the huge-page allocator goes in
-        # before the data is loaded and the plans are built (the mode: auto, or the
-        # LIGHTNING_FULLGRAPH_HUGE_PAGES environment variable), in every process alike.
+        # before the data is loaded and the plans are built where the process's mode asks for
+        # it (an opt-in: LIGHTNING_FULLGRAPH_HUGE_PAGES=1), in every process alike.
         from lightning_fullgraph.kernels import huge_pages
         huge_pages.enable_for_kernels(None)
         rec["huge_pages"] = huge_pages.is_active()

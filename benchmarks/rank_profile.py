@@ -54,7 +54,9 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     from lightning_fullgraph.partition import load_partition
 
     torch.set_num_threads(1)
-    huge_pages.enable_for_kernels(None)  # as FullGraphStrategy does, before the data
+    # As FullGraphStrategy(huge_pages=True) does, before the data: the allocator (an opt-in)
+    # whose block cache --block-cache sets.
+    huge_pages.enable_for_kernels(True)
     if cfg["block_cache"] is not None:
         huge_pages.set_block_cache(cfg["block_cache"])
     part = load_partition(cfg["partition_dir"], rank, num_parts=world)

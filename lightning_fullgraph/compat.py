@@ -25,7 +25,7 @@ __all__ = [
     "propagate_source_args", "edge_update_source_args", "hook_dicts", "set_hook_dict",
     "modules_binding", "has_forward_hooks", "pyg_gcn_norm", "route_gcn_norm",
     "unroute_gcn_norm", "gcn_norm_router", "add_gcn_norm_handler", "remove_gcn_norm_handler",
-    "with_gcn_norm_routed", "is_gcn_norm_scoped",
+    "with_gcn_norm_routed", "is_gcn_norm_scoped", "OBSERVING_HOOKS", "rows_observed",
     "fabric_is_using_cli", "fabric_run_command", "signal_connector", "stage_data_sources",
     "attach_datamodule", "collect_rng_states", "set_rng_states",
     "pymetis_extension_path", "pymetis_option_indices",
@@ -127,6 +127,22 @@ def set_hook_dict(layer: Any, kind: str, hooks: Dict[Any, Callable]) -> None:
     r"""Replaces a hook dictionary (used to run PyG's ``propagate`` without its pre-hooks)."""
     name = kind[:-4] + "_forward_pre_hooks" if kind.endswith("_pre") else kind + "_forward_hooks"
     setattr(layer, "_" + name, hooks)
+
+
+#: A ``MessagePassing`` layer's hooks that see the rows it aggregates (their width, their order).
+OBSERVING_HOOKS = ("propagate_pre", "propagate", "message_pre", "message", "aggregate_pre",
+                   "aggregate", "message_and_aggregate_pre", "message_and_aggregate")
+
+
+def rows_observed(layer: Any, own_hooks: Any = ()) -> bool:
+    r"""Whether something would see the rows :obj:`layer` aggregates, so a shortcut that
+    aggregates other rows (another width, another order) must not be taken: explain mode,
+    ``decomposed_layers``, or a hook on ``propagate``, ``message`` or ``aggregate`` whose id is
+    not in :obj:`own_hooks` (the library's own hooks)."""
+    if getattr(layer, "explain", False) or getattr(layer, "decomposed_layers", 1) != 1:
+        return True
+    return any(hook_id not in own_hooks for kind in OBSERVING_HOOKS
+               for hook_id in hook_dicts(layer, kind))
 
 
 def has_forward_hooks(module: Any) -> bool:

@@ -250,7 +250,7 @@ class PartitionedModel:
         for name, layer in self.layers:
             if reorderable(layer) and (name or type(layer).__name__) not in self._exchanges:
                 ours = reordered_forward(layer, name or type(layer).__name__, layer.forward,
-                                         self.static, agreement)
+                                         self.static, agreement, own_hooks)
                 self._forward_wrapped.append((layer, layer.__dict__.get("forward"), ours))
                 layer.__dict__["forward"] = ours
 

@@ -16,7 +16,7 @@ the layer then runs in its own order (aggregating :math:`XW` is the cheaper one 
 does under autocast, where the two orders round at different places.
 """
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 import torch
 from torch import Tensor
@@ -66,7 +66,8 @@ def _add_bias(layer: GCNConv, out: Tensor) -> Tensor:
 
 
 def reordered_forward(layer: GCNConv, key: str, original: Callable, static: StaticCache,
-                      agreement: Agreement) -> Callable:
+                      agreement: Agreement,
+                      own_hooks: Callable[[], Collection[int]] = tuple) -> Callable:
     r"""A ``forward`` for :obj:`layer` that aggregates an unchanged input before transforming
     it (see the module docstring); otherwise calls :obj:`original`."""
     last = {"train": _LastInput(), "eval": _LastInput()}
@@ -77,7 +78,11 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
             return original(x, edge_index, edge_weight)
         phase = "train" if layer.training else "eval"
         point = f"{key}.reorder.{phase}"
-        if not agreement.decide(point, not x.requires_grad) or static.gave_up(point):
+        # Something that sees the rows aggregated (a user's message hook, explain mode,
+        # decomposed_layers) would see X instead of XW: PyG's order then.
+        observed = compat.rows_observed(layer, own_hooks())
+        if not agreement.decide(point, not x.requires_grad and not observed) or observed \
+                or static.gave_up(point):
             return original(x, edge_index, edge_weight)
         seen = last[phase]
         # The other phase's input counts too (the phases share aggregations): the first

@@ -64,6 +64,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..kernels.kept import tensor_signature
 from .agreement import Agreement, all_agree_each
 from .exchange import static_draws
 from .file_pages import Released, release_file_pages, releasing
@@ -104,9 +105,7 @@ def _leaves(value: Any) -> Optional[Tuple[Any, ...]]:
     return None
 
 
-def _signature(t: Tensor) -> tuple:
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-            tuple(t.stride()), t.dtype, t.device, t._version)
+_signature = tensor_signature  # (one definition with the kernels' kept aggregations)
 
 
 PHASES = ("train", "eval")

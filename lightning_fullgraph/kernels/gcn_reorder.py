@@ -45,8 +45,7 @@ def _eligible(layer: Any, x: Any, edge_weight: Optional[Tensor],
     lin = getattr(layer, "lin", None)
     return (kept.eligible(x, edge_weight) and x.dim() == 2 and layer.node_dim in (0, -2)
             and isinstance(lin, torch.nn.Module) and getattr(lin, "bias", None) is None
-            and not getattr(layer, "explain", False)
-            and not compat.hook_dicts(layer, "propagate_pre") and not compat.hook_dicts(layer, "propagate")
+            and not compat.rows_observed(layer)  # explain, decomposed_layers, hooks
             and not compat.call_is_observed(lin, ignore))
 
 

@@ -60,9 +60,17 @@ def get_static_inputs() -> str:
     return _setting.get()
 
 
-def _signature(t: Tensor) -> tuple:
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-            t.dtype, t.device, t._version)
+def tensor_signature(t: Tensor) -> tuple:
+    r"""What identifies :obj:`t` as *the same, unmodified* tensor while it lives: its storage,
+    offset, shape, strides, dtype, device and version counter (an in-place edit bumps it).
+    One definition for the kernels' kept aggregations and the engine's static cache."""
+    # A wrapper subclass (PyG's EdgeIndex) has no storage of its own: its data tensor's.
+    data = t.as_tensor() if type(t).__name__ == "EdgeIndex" and hasattr(t, "as_tensor") else t
+    return (data.untyped_storage().data_ptr(), data.storage_offset(), tuple(data.shape),
+            tuple(data.stride()), data.dtype, data.device, data._version)
+
+
+_signature = tensor_signature
 
 
 def _anchor(t: Tensor) -> Tensor:

@@ -46,11 +46,6 @@ def get_layer_order() -> str:
     return _setting.get()
 
 
-#: The hooks that would see the rows a layer aggregates (their width changes with the order).
-_OBSERVING_HOOKS = ("propagate_pre", "propagate", "message_pre", "message", "aggregate_pre",
-                    "aggregate", "message_and_aggregate_pre", "message_and_aggregate")
-
-
 def narrows(layer: Any, x: Any, lin: Any, ignore: Tuple[Callable, ...] = (),
             own_hooks: Collection[int] = ()) -> bool:
     r"""Whether a call of :obj:`layer` (a ``SAGEConv`` or ``GraphConv``, whose neighbour map is
@@ -66,11 +61,8 @@ def narrows(layer: Any, x: Any, lin: Any, ignore: Tuple[Callable, ...] = (),
             or isinstance(w, torch.nn.parameter.UninitializedTensorMixin)
             or w.size(0) >= x.size(-1) or x.dtype != w.dtype or x.device != w.device
             or not isinstance(layer.aggr, str) or layer.aggr not in ("mean", "add", "sum")
-            or getattr(layer, "explain", False) or getattr(layer, "decomposed_layers", 1) != 1
-            or torch.is_autocast_enabled(x.device.type)):
-        return False
-    if any(hook_id not in own_hooks for kind in _OBSERVING_HOOKS
-           for hook_id in compat.hook_dicts(layer, kind)):
+            or torch.is_autocast_enabled(x.device.type)
+            or compat.rows_observed(layer, own_hooks)):
         return False
     return not compat.call_is_observed(lin, ignore)
 

@@ -170,7 +170,8 @@ def test_in_place_edits_and_freed_inputs_are_not_served_stale():
 
 
 @pytest.mark.parametrize("case", ["grad_weights", "autocast", "inference", "lin_hook",
-                                  "propagate_hook", "off", "bfloat16"])
+                                  "propagate_hook", "message_hook", "decomposed", "off",
+                                  "bfloat16"])
 def test_pygs_order_wherever_the_other_could_be_seen_or_not_kept(case):
     x, edge_index, w = _graph()
     conv = GCNConv(16, 16)
@@ -181,6 +182,10 @@ def test_pygs_order_wherever_the_other_could_be_seen_or_not_kept(case):
         conv.lin.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
     if case == "propagate_hook":
         conv.register_propagate_forward_hook(lambda m, a, out: seen.append(out))
+    if case == "message_hook":  # (PyG's test_gcn_conv_with_decomposed_layers)
+        conv.register_message_forward_pre_hook(lambda m, a: seen.append(a[0]["x_j"].size(-1)))
+    if case == "decomposed":
+        conv.decomposed_layers = 2
     if case == "off":
         K.set_static_inputs("off")
     if case == "bfloat16":
@@ -200,6 +205,8 @@ def test_pygs_order_wherever_the_other_could_be_seen_or_not_kept(case):
         assert len(seen) == 3 and all(a is x for a in seen)
     if case == "propagate_hook":  # the hook saw the aggregation of x W, as in PyG
         assert len(seen) == 3 and all(out.requires_grad for out in seen)
+    if case == "message_hook":  # the messages are rows of x W, as in PyG
+        assert seen == [conv.out_channels] * 3
 
 
 

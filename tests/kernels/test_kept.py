@@ -174,3 +174,21 @@ def test_under_torch_compile_results_follow_edits():
         got = compiled(x, edge_index)
     K.set_static_inputs("off")
     torch.testing.assert_close(got, conv(x, edge_index), rtol=0, atol=0)
+
+
+def test_an_edge_index_graph_is_kept_like_a_tensor():
+    # PyG's EdgeIndex is a wrapper subclass without a storage of its own (PyG's own
+    # test_graph_conv crashed here: "Attempted to access the data pointer on an invalid python
+    # storage"); its data tensor identifies it.
+    from torch_geometric import EdgeIndex
+    torch.manual_seed(0)
+    x = torch.randn(6, 8)
+    edge_index = EdgeIndex(torch.tensor([[0, 1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 0, 3]]),
+                           sparse_size=(6, 6)).sort_by("col")[0]
+    conv = GraphConv(8, 16)
+    expected = conv(x, edge_index.as_tensor())
+    with K.accelerate(conv, backend="auto"):
+        first = conv(x, edge_index)
+        again = conv(x, edge_index)
+    assert torch.allclose(first, expected, atol=1e-5) and torch.allclose(again, expected,
+                                                                         atol=1e-5)
