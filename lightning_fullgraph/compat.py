@@ -14,18 +14,17 @@ Set ``LIGHTNING_FULLGRAPH_ALLOW_UNTESTED=1`` to turn the version error into a wa
 import os
 import re
 import sys
-import types
 import warnings
 from importlib import metadata
 from types import ModuleType
-from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, Set, Tuple
 
 __all__ = [
     "TESTED_VERSIONS", "UntestedVersionError", "require", "installed_version",
     "propagate_source_args", "edge_update_source_args", "hook_dicts", "set_hook_dict",
     "modules_binding", "has_forward_hooks", "pyg_gcn_norm", "route_gcn_norm",
     "unroute_gcn_norm", "gcn_norm_router", "add_gcn_norm_handler", "remove_gcn_norm_handler",
-    "with_gcn_norm_routed", "is_gcn_norm_scoped", "OBSERVING_HOOKS", "rows_observed",
+    "OBSERVING_HOOKS", "rows_observed",
     "fabric_is_using_cli", "fabric_run_command", "signal_connector", "stage_data_sources",
     "attach_datamodule", "collect_rng_states", "set_rng_states",
     "pymetis_extension_path", "pymetis_option_indices",
@@ -180,10 +179,11 @@ def modules_binding(function: Callable, prefix: str = "torch_geometric") -> Iter
 # -- PyG's gcn_norm, routed ------------------------------------------------------------------
 # Two parts of the library act on PyG's gcn_norm calls: the distributed engine (halo degrees,
 # inside partitioned layers) and the kernels (a memo, inside accelerated layers). Both go
-# through one router, so neither hides PyG's function from the other: the engine's attached
-# layers call it through a scoped copy of their forward, the kernels' process-wide mode
-# through a rebinding of the module globals. Handlers run by priority (lowest first); a
-# handler returns NotImplemented to pass.
+# through one rebinding of the module globals, so neither hides PyG's function from the
+# other. (A scoped copy of each layer's forward was tried: torch.compile adds its resume
+# functions to a function's real module globals, which the copy does not see, and models
+# such as LabelPropagation call gcn_norm outside any layer.) Handlers run by priority
+# (lowest first); a handler returns NotImplemented to pass.
 _gcn_norm_original: Any = None
 _gcn_norm_handlers: list = []  # (priority, order, handler)
 _gcn_norm_rebound: list = []  # (module, its function before) where the router is
@@ -221,8 +221,8 @@ def gcn_norm_router() -> Callable:
 
 def add_gcn_norm_handler(handler: Callable, priority: int = 0) -> None:
     r"""Puts :obj:`handler` in the router's chain without rebinding any module: it answers
-    the calls of layers whose forward :func:`with_gcn_norm_routed` scoped (the engine's
-    attached layers), and of every layer while some handler is routed globally.
+    the calls made through the router (:func:`gcn_norm_router`), i.e. every PyG call while
+    some handler is routed globally (:func:`route_gcn_norm`).
 
     The handler is called with ``gcn_norm``'s arguments and returns its result, or
     :obj:`NotImplemented` to leave the call to the next handler and in the end to PyG.
@@ -242,38 +242,10 @@ def remove_gcn_norm_handler(handler: Callable) -> None:
             break
 
 
-def with_gcn_norm_routed(function: Callable) -> Optional[Callable]:
-    r"""A copy of :obj:`function` (a layer class's ``forward``) that calls the router where
-    it calls PyG's ``gcn_norm``: its module's global ``gcn_norm`` is rebound in the copy's
-    globals only, so one layer's calls are routed and PyG's module is untouched; :obj:`None`
-    when :obj:`function` does not see PyG's ``gcn_norm``."""
-    namespace = getattr(function, "__globals__", None)
-    if namespace is None or namespace.get("gcn_norm") not in (pyg_gcn_norm(), _route):
-        return None
-    scoped = dict(namespace)  # (a snapshot: PyG's modules do not rebind their names)
-    scoped["gcn_norm"] = _route
-    copy = types.FunctionType(function.__code__, scoped, function.__name__,
-                              function.__defaults__, function.__closure__)
-    copy.__kwdefaults__ = function.__kwdefaults__
-    copy.__qualname__ = function.__qualname__
-    copy.__doc__ = function.__doc__
-    copy.__dict__.update(function.__dict__)
-    copy._lightning_fullgraph_scoped_gcn_norm = True  # (is_gcn_norm_scoped)
-    return copy
-
-
-def is_gcn_norm_scoped(forward: Any) -> bool:
-    r"""Whether :obj:`forward` (a function, or a method bound to one) is a copy made by
-    :func:`with_gcn_norm_routed`: the layer's own forward, only its ``gcn_norm`` routed, so
-    the kernels may put their forward over it as over the class's."""
-    return bool(getattr(forward, "_lightning_fullgraph_scoped_gcn_norm", False))
-
-
 def route_gcn_norm(handler: Callable, priority: int = 0) -> None:
     r"""Puts :obj:`handler` in front of PyG's ``gcn_norm`` in every loaded PyG module that
     calls it (``gcn_conv``, ``sg_conv``, ``appnp``, ...), until :func:`unroute_gcn_norm`:
-    a process-wide change, for the kernels' process-wide :func:`~.kernels.use` (the engine
-    scopes its handler to its layers instead, :func:`with_gcn_norm_routed`).
+    a process-wide change while a model is attached or accelerated.
 
     See :func:`add_gcn_norm_handler` for the handler.  Reference counted: a handler routed
     twice must be unrouted twice.  A module whose ``gcn_norm`` someone else replaced is left

@@ -7,12 +7,11 @@ distributed version computes owned degrees locally and fetches halo degrees
 through the same halo exchange that carries features (one scalar per halo row).
 
 PyG's convolutions call ``gcn_norm`` from their module namespaces
-(``sg_conv.gcn_norm``, ``appnp.gcn_norm``, ...).  An attached layer runs a copy of its
-class's ``forward`` whose ``gcn_norm`` is the router (:func:`.compat.with_gcn_norm_routed`;
-PyG's modules are not touched), and :func:`add_dispatcher` puts the dispatcher first in the
-router's chain: it runs the distributed version while a partitioned layer is executing and
-passes the call on otherwise (to the kernels' memo where it applies, else to PyG's own); it
-is reference counted and undone by :func:`remove_dispatcher`.  Inside a partitioned layer a sparse
+(``sg_conv.gcn_norm``, ``appnp.gcn_norm``, ...).  :func:`add_dispatcher` routes each of
+those references through a dispatcher that runs the distributed version while a partitioned
+layer is executing and passes the call on otherwise (to the kernels' memo where it applies,
+else to PyG's own; :func:`.compat.route_gcn_norm`); it is reference counted and undone by
+:func:`remove_dispatcher`.  Inside a partitioned layer a sparse
 adjacency is refused (PyG's local normalization would use wrong halo degrees).
 
 In pre/hybrid aggregation (:mod:`.aggregation`) the layer propagates over its mode's edges,
@@ -240,13 +239,14 @@ def _routed_gcn_norm(layer, router, mode, attr, edge_index, edge_weight, num_nod
 
 
 def add_dispatcher() -> None:
-    r"""Puts the dispatcher in the ``gcn_norm`` router's chain (no PyG module is changed:
-    the attached layers call the router through their scoped forward,
-    :func:`.compat.with_gcn_norm_routed`)."""
+    r"""Routes every imported ``gcn_norm`` reference through the dispatcher (a process-wide
+    rebinding while a model is attached: models call ``gcn_norm`` outside any layer too,
+    e.g. ``LabelPropagation``, and a scoped copy of a forward misses the functions
+    ``torch.compile`` adds to its module's globals)."""
     global _patch_count
     _patch_count += 1
     if _patch_count == 1:  # first in line: a partitioned layer's call is the engine's
-        compat.add_gcn_norm_handler(_dispatch_gcn_norm, priority=0)
+        compat.route_gcn_norm(_dispatch_gcn_norm, priority=0)
 
 
 def remove_dispatcher() -> None:
@@ -256,4 +256,4 @@ def remove_dispatcher() -> None:
         return
     _patch_count -= 1
     if _patch_count == 0:
-        compat.remove_gcn_norm_handler(_dispatch_gcn_norm)
+        compat.unroute_gcn_norm(_dispatch_gcn_norm)

@@ -34,7 +34,6 @@ to the mode's edges and halo, a propagate forward hook adds the received partial
 (and divides mean aggregations by the global in-degree).
 """
 import math
-import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
@@ -220,21 +219,8 @@ class PartitionedModel:
                                                    self.exchange.timeout)
         add_dispatcher()
         self._attached = True
-        self._scope_gcn_norm()
         self._wrap_reordered()
         self.wrap_static()
-
-    def _scope_gcn_norm(self) -> None:
-        # Each layer whose forward calls PyG's gcn_norm gets a copy of that forward calling
-        # the router (the engine's dispatcher first): this model's calls, not the process's.
-        for _name, layer in self.layers:
-            if "forward" in layer.__dict__:
-                continue  # a forward of the instance's own: its globals are its own
-            scoped = compat.with_gcn_norm_routed(type(layer).forward)
-            if scoped is not None:
-                ours = types.MethodType(scoped, layer)
-                self._forward_wrapped.append((layer, None, ours))
-                layer.__dict__["forward"] = ours
 
     def _wrap_reordered(self) -> None:
         agreement = Agreement(self.exchange.group, "aggregation order", self.exchange.timeout)

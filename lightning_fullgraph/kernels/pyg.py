@@ -330,10 +330,9 @@ def _install(module, pinned: Optional[str],
     module.__dict__["propagate"] = wrapper
     fused, routed = None, False
     # The layer's dense side with the kernels (see .sage, .gcn); not over another instance
-    # forward (the distributed engine's, a user's), except the engine's copy of the class's
-    # own forward that only routes its gcn_norm calls (the kernels route them too).
+    # forward (the distributed engine's, a user's).
     own = module.__dict__.get("forward")
-    if own is None or compat.is_gcn_norm_scoped(own):
+    if own is None:
         if sage.fusable(module):  # SAGEConv's root term accumulated into lin_l's product
             fused = sage.fused_forward(module, module.forward, (_global_pre_hook, ))
         elif gcn.applies(module):  # GCNConv: normalization memoized, bias in place, reordered
