@@ -8,11 +8,11 @@ import copy
 
 import pytest
 import torch
-
-import lightning_fullgraph.kernels as K
 import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import GCNConv, SAGEConv, TAGConv
+
+import lightning_fullgraph.kernels as K
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 
 from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
