@@ -11,10 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import GCNConv, SAGEConv, TAGConv
-
-import lightning_fullgraph.kernels as K
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 
+import lightning_fullgraph.kernels as K
 from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.testing import run_distributed
 
