@@ -53,11 +53,18 @@ class Agreement:
         self.timeout = timeout
         self._decisions: Dict[str, bool] = {}
 
-    def decide(self, point: str, local_ok: bool) -> bool:
+    def decide(self, point: str, local_ok: bool, revocable: bool = False) -> bool:
         r"""The decision of :obj:`point`: on the first call, whether every rank's
-        :obj:`local_ok` holds; later calls return it without communicating."""
+        :obj:`local_ok` holds; later calls return it without communicating.
+
+        With :obj:`revocable`, a held ``True`` that a rank's :obj:`local_ok` no longer allows
+        is agreed again (``False`` from then on).  Every rank must then lose it at the same
+        call, as code that runs alike on every rank does (a hook added on every rank); a rank
+        that alone loses it calls a collective its peers do not, which ends in a
+        :class:`~lightning_fullgraph.engine.CollectiveError` within the group's timeout on
+        every rank -- never in a rank acting on a decision its peers do not share."""
         decided = self._decisions.get(point)
-        if decided is None:
+        if decided is None or (revocable and decided and not local_ok):
             decided = self._decisions[point] = all_agree(
                 local_ok, self.group, f"{self.what} agreement for '{point}'", self.timeout)
         return decided

@@ -19,8 +19,10 @@ observe the rows aggregated (explain mode, ``decomposed_layers``, a hook of the 
 ``propagate``, ``message`` or ``aggregate`` or on the linear map), no autocast (which rounds
 the two orders at different places), and the layer order ``"auto"``
 (``kernels.set_layer_order("pyg")`` keeps PyG's order here too).  A layer that later gains
-such an observer (on every rank alike, as training code runs) takes its own order again; one
-that did not qualify at its first call keeps its own order.  An input without gradient is aggregated as it is while the engine's
+such an observer takes its own order again on every rank (the ranks agree on it again, so it
+must gain it on every rank alike, as training code runs; one rank alone ends in a
+:class:`~lightning_fullgraph.engine.CollectiveError`, not in rows of two widths); one that did
+not qualify at its first call keeps its own order.  An input without gradient is aggregated as it is while the engine's
 static-input cache may keep its aggregation (the raw features: exchanged once, then reused);
 once the cache gives up on it (input dropout makes a new tensor every step), it narrows.
 """
@@ -87,10 +89,12 @@ def narrowed_forward(layer: Any, key: str, original: Callable, agreement: Agreem
     def forward(x: Any, edge_index: Any, *args: Any, **kwargs: Any) -> Tensor:
         phase = "train" if layer.training else "eval"
         source = x[0] if isinstance(x, tuple) else x
-        ok = local_ok(x)
         # Both agreements are taken at the first call on every rank (then held, without
-        # communication), whatever either answers: the ranks call the same collectives.
-        narrow = agreement.decide(f"{key}.narrow.{phase}", ok)
+        # communication), whatever either answers: the ranks call the same collectives.  A
+        # rank that can no longer narrow (an observer added since) never acts alone: the
+        # held answer is agreed again (see :meth:`Agreement.decide`), so the rows every
+        # rank sends keep one width.
+        narrow = agreement.decide(f"{key}.narrow.{phase}", local_ok(x), revocable=True)
         # An input without gradient on every rank may be the same every step (the raw
         # features): the static cache then exchanges and aggregates it once, which beats
         # narrowing it every step.  The cache gives up on it after its misses (input dropout
@@ -103,7 +107,7 @@ def narrowed_forward(layer: Any, key: str, original: Callable, agreement: Agreem
                                    isinstance(source, Tensor) and not source.requires_grad)
         keep = (no_grad and static is not None and static.enabled
                 and not static.gave_up(f"{key}.propagate0.{basis}"))
-        if not narrow or not ok or keep:
+        if not narrow or keep:
             return original(x, edge_index, *args, **kwargs)
         if isinstance(x, Tensor):
             x = (x, x)

@@ -81,7 +81,7 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
         # Something that sees the rows aggregated (a user's message hook, explain mode,
         # decomposed_layers) would see X instead of XW: PyG's order then.
         observed = compat.rows_observed(layer, own_hooks())
-        if not agreement.decide(point, not x.requires_grad and not observed) or observed \
+        if not agreement.decide(point, not x.requires_grad and not observed) \
                 or static.gave_up(point):
             return original(x, edge_index, edge_weight)
         seen = last[phase]
@@ -98,6 +98,10 @@ def reordered_forward(layer: GCNConv, key: str, original: Callable, static: Stat
         # much as mixed precision changes them.  The layer then keeps its own order (one
         # process's result); a rank under autocast votes against, so all ranks agree.
         same = same and not torch.is_autocast_enabled(x.device.type)
+        # An observer added since the point was agreed votes against here, in the agreement
+        # every rank joins on every call, not by leaving it: a rank that alone skipped it
+        # would send rows of another width than its peers expect.
+        same = same and not observed
         if not x.requires_grad:
             seen.remember(x)
         if not static.agreed_reuse(point, same):

@@ -136,3 +136,45 @@ def test_raw_features_are_kept_not_narrowed_until_the_cache_gives_up():
     # Input dropout: a new tensor every step; the cache gives up after its misses and the
     # layer narrows from then on.
     assert dropped[0] == [8] and dropped[-1] == [4], dropped
+
+
+def _observer_added_later(rank: int, world_size: int, on_ranks: tuple):
+    # Two steps narrowed, then a message hook on `on_ranks`: the layer must take PyG's order
+    # on every rank (hook on all) or fail on every rank (hook on one), never send rows of two
+    # widths.
+    data = skewed_graph()
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="post"))
+    local = engine.data
+    torch.manual_seed(1)
+    ref = Net("sage_mean", data.num_features)
+    model = copy.deepcopy(ref)
+    engine.attach(model)
+    widths, seen = [], []
+    for step in range(3):
+        if step == 2 and rank in on_ranks:
+            model.conv.register_message_forward_hook(lambda m, i, o: seen.append(o.size(-1)))
+        engine.stats.reset()
+        model(local.x, local.edge_index, local.edge_weight).sum().backward()
+        widths.append({c.features_sent // max(c.rows_sent, 1)
+                       for key, c in engine.stats.per_key().items()
+                       if key.startswith("conv") and c.rows_sent})
+    logits = engine.gather(model(local.x, local.edge_index, local.edge_weight))
+    return widths, sorted(set(seen)), _rel(logits, ref(data.x, data.edge_index, None).detach())
+
+
+@pytest.mark.multiprocess
+def test_an_observer_added_on_every_rank_is_agreed_again():
+    for rank, (widths, seen, err) in enumerate(run_distributed(_observer_added_later, 2,
+                                                                (0, 1))):
+        assert widths == [{NARROW}, {NARROW}, {WIDE}], (rank, widths)
+        assert seen == [WIDE] and err < FP32, (rank, seen, err)
+
+
+@pytest.mark.multiprocess
+def test_an_observer_added_on_one_rank_fails_every_rank_not_silently():
+    from lightning_fullgraph.testing import run_outcomes
+    outcomes = run_outcomes(_observer_added_later, 2, (0, ), timeout_s=10)
+    assert [o.status for o in outcomes] == ["raised", "raised"], outcomes
+    assert "narrow.train" in outcomes[0].value, outcomes[0].value  # the agreement it joined

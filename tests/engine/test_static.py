@@ -378,3 +378,28 @@ def test_bias_is_not_added_into_an_output_a_hook_kept():
     for hooked_unchanged, hits, same in run_distributed(_hooked_linear, 2):
         assert hooked_unchanged and same
         assert hits >= 1  # the reordered path ran (its aggregate was reused)
+
+
+def _observer_on_one_rank(rank, world_size):
+    data, part = rank_partition(rank, world_size)
+    torch.manual_seed(1)
+    conv = GCNConv(data.num_features, 4)
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="post"))
+    engine.attach(conv)
+    local = engine.data
+    seen = []
+    with torch.no_grad():
+        first = conv(local.x, local.edge_index)  # reordered: (ÂX)W, ÂX kept
+        if rank == 0:  # a message hook sees the rows aggregated: XW, PyG's order
+            conv.register_message_forward_hook(lambda m, i, o: seen.append(o.size(-1)))
+        second = conv(local.x, local.edge_index)
+    engine.detach()
+    return sorted(set(seen)), (first - second).abs().max().item()
+
+
+def test_an_observer_on_one_rank_takes_pyg_order_on_every_rank():
+    # The reordered GCNConv agrees on every call whether the input is unchanged; an observer
+    # votes there. Leaving the agreement on one rank instead sent rows of another width.
+    seen, diffs = zip(*run_distributed(_observer_on_one_rank, 2, timeout_s=30))
+    assert seen[0] == [4] and seen[1] == []  # rank 0's hook saw XW, 4 wide
+    assert max(diffs) < 1e-5
