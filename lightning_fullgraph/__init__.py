@@ -25,6 +25,8 @@ _LAZY = {
     "CommunicationMonitor": "lightning_fullgraph.callbacks",
     "FullGraphEngine": "lightning_fullgraph.engine",
     "ExchangeConfig": "lightning_fullgraph.engine",
+    "KernelConfig": "lightning_fullgraph.kernels.config",
+    "TimeoutConfig": "lightning_fullgraph.strategies.faults",
     "HaloExchange": "lightning_fullgraph.engine",
     "UnsupportedLayerError": "lightning_fullgraph.engine",
 }

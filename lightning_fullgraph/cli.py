@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "boundary sampling) against the epoch with each left out, and keep "
                         "only those that shorten it (all ranks decide alike; logged; default "
                         "on; --no-step-aside keeps them throughout)")
-    t.add_argument("--boundary-sampling", type=float, default=None, metavar="P",
+    t.add_argument("--sampling", "--boundary-sampling", dest="sampling", type=float,
+                   default=None, metavar="P",
                    help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
                         "each rank's halo nodes (and of the partial aggregates of pre/hybrid "
                         "aggregation) per epoch, scaled by 1/P (1 is exact)")
@@ -268,6 +269,11 @@ def _auto_choices(strategy) -> Optional[Dict[str, dict]]:
             for layer, (mode, seconds) in router.auto_choices.items()}
 
 
+def _timeouts(args):
+    from .strategies import TimeoutConfig
+    return TimeoutConfig(startup=args.startup_timeout, collectives=args.timeout)
+
+
 def _train_option_scope(args) -> List[Tuple[str, str]]:
     r"""``(option, what it needs)`` of every ``train`` option the chosen set-up reads."""
     fullgraph, fourd, pyg = (args.strategy == s for s in ("fullgraph", "4d", "pyg"))
@@ -275,7 +281,7 @@ def _train_option_scope(args) -> List[Tuple[str, str]]:
     scope = [
         (fullgraph, "--strategy fullgraph",
          ("aggregation", "codec", "cache", "pipeline", "overlap", "step_aside",
-          "boundary_sampling",
+          "sampling",
           "kernels", "huge_pages", "cache_dir", "link")),
         (fourd, "--strategy 4d", ("dp", "grid", "bf16_comm", "steps_per_epoch")),
         (not pyg, "--strategy fullgraph or 4d", ("timeout", "startup_timeout")),
@@ -469,6 +475,7 @@ def _train(args) -> int:
     import lightning.pytorch as pl
 
     from . import CommunicationMonitor, FullGraphDataModule, FullGraphStrategy
+    from .kernels import KernelConfig
     from .callbacks import ValidationTrace
     from .module import NodeClassifier, build_model
 
@@ -508,8 +515,7 @@ def _train(args) -> int:
                                            seed=args.seed)
         num_features, num_classes = data.num_features, _num_classes(args, data)
         strategy = FourDStrategy(dp=args.dp, grid=args.grid, seed=args.seed,
-                                 bf16_comm=args.bf16_comm, timeout=args.timeout,
-                                 startup_timeout=args.startup_timeout)
+                                 bf16_comm=args.bf16_comm, timeout=_timeouts(args))
         devices, callbacks = args.devices, [CommunicationMonitor()]
     elif args.strategy == "pyg":
         from torch_geometric.data.lightning import LightningNodeData
@@ -537,12 +543,11 @@ def _train(args) -> int:
                                          num_classes=args.num_classes,
                                          normalize_features=_normalize_features(args),
                                          level_percentiles=args.level_percentiles)
-        kernels = None if args.kernels == "pyg" else args.kernels
-        strategy = FullGraphStrategy(kernels=kernels, timeout=args.timeout,
-                                     huge_pages={"auto": None, "on": True,
-                                                 "off": False}[args.huge_pages],
-                                     exchange=_exchange_config(args),
-                                     startup_timeout=args.startup_timeout)
+        kernels = KernelConfig(backend=None if args.kernels == "pyg" else args.kernels,
+                               huge_pages={"auto": None, "on": True,
+                                           "off": False}[args.huge_pages])
+        strategy = FullGraphStrategy(kernels=kernels, exchange=_exchange_config(args),
+                                     timeout=_timeouts(args))
         devices, callbacks = args.devices, [CommunicationMonitor(save_link=args.save_link,
                                                              link=_train_link(args.link))]
         if args.adaptive_bits:
@@ -608,7 +613,7 @@ def _train(args) -> int:
         "level_percentiles": list(args.level_percentiles) if args.level_percentiles else None,
         "cache": args.cache if args.strategy == "fullgraph" else None,
         "pipeline": args.pipeline if args.strategy == "fullgraph" else None,
-        "boundary_sampling": args.boundary_sampling if args.strategy == "fullgraph" else None,
+        "sampling": args.sampling if args.strategy == "fullgraph" else None,
         "overlap": bool(args.overlap) if args.strategy == "fullgraph" else None,
         # The reductions the step-aside trial kept (--step-aside), with its step times.
         "step_aside": _step_aside_decision(strategy) if args.strategy == "fullgraph" else None,
@@ -730,7 +735,7 @@ def _exchange_config(args):
     return ExchangeConfig(aggregation=args.aggregation, codec=args.codec,
                           cache=None if args.cache == "none" else args.cache,
                           pipeline=None if args.pipeline == "sync" else args.pipeline,
-                          sampling=args.boundary_sampling, overlap=args.overlap,
+                          sampling=args.sampling, overlap=args.overlap,
                           step_aside=args.step_aside, link=link)
 
 

@@ -45,6 +45,7 @@ from torch_geometric.data import Data
 
 from .engine import ExchangeConfig, FullGraphEngine
 from .engine.config import refuse_moved_arguments
+from .kernels.config import KernelConfig
 
 __all__ = ["launch", "setup_fullgraph", "setup_fourd", "FourDRun"]
 
@@ -63,7 +64,7 @@ def launch(fabric: Any) -> Any:
 
 def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, Path],
                     cache_dir: Optional[str] = None, seed: int = 0,
-                    kernels: Optional[str] = "auto",
+                    kernels: Union[None, str, KernelConfig, Mapping[str, Any]] = "auto",
                     exchange: Union[None, ExchangeConfig, Mapping[str, Any]] = None,
                     trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                     loss_mask: str = "train_mask", loss_reduction: str = "mean",
@@ -78,7 +79,11 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         data (Data or str): The graph, a dataset name, or a partition directory.
         cache_dir (str, optional): Partition cache root.
         seed (int): METIS seed.
-        kernels (str, optional): Aggregation backend; ``None`` keeps PyG's path.
+        kernels (str, KernelConfig or dict, optional): How aggregations and dense maps run
+            (:class:`~lightning_fullgraph.kernels.KernelConfig`, as in
+            :class:`~lightning_fullgraph.FullGraphStrategy`): a backend name, ``None`` for
+            PyG's path.  Its ``num_threads`` and ``huge_pages``, where given, are set for the
+            script's process (a Fabric script owns it) before the partition is loaded.
         exchange (ExchangeConfig or dict, optional): How halo rows cross the wire
             (:class:`~lightning_fullgraph.engine.ExchangeConfig`; default exact, hybrid
             aggregation, overlap and step aside on, as in
@@ -101,6 +106,13 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
     if moved:
         raise TypeError(f"setup_fullgraph got unexpected keyword argument(s) {sorted(moved)}")
     exchange = ExchangeConfig.of(exchange)  # checked before anything is partitioned
+    kernels = KernelConfig.of(kernels)
+    if kernels.num_threads is not None:  # asked for: the script's process
+        torch.set_num_threads(int(kernels.num_threads))
+    if kernels.huge_pages is not None and kernels.backend in ("auto", "cpp") \
+            and fabric.device.type == "cpu":  # before the partition's features are loaded
+        from .kernels import huge_pages
+        huge_pages.enable_for_kernels(kernels.huge_pages)
     from .partition import load_partition, partition_graph
     if isinstance(data, Data):
         check_no_sparse_adjacency(data)  # on every rank, before any collective
@@ -137,7 +149,7 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
     model.to(fabric.device)
     engine.to(fabric.device)
     engine.attach(model, trusted_layers=trusted_layers)
-    engine.use_kernels(kernels)
+    engine.use_kernels(kernels.backend)
     return engine
 
 

@@ -254,14 +254,14 @@ def test_options_the_strategy_would_ignore_are_refused(capsys):
     # argparse's error (usage, exit status 2), naming every ignored option and what it needs;
     # before, --strategy 4d trained and reported "codec": null.
     fullgraph_only = ["--codec", "int2", "--cache", "0.1", "--pipeline", "async",
-                      "--boundary-sampling", "0.5", "--no-overlap", "--aggregation", "post",
+                      "--sampling", "0.5", "--no-overlap", "--aggregation", "post",
                       "--link", "calibrate"]
     with pytest.raises(SystemExit) as info:
         main(["train", "--strategy", "4d", "--model", "scalegnn", *fullgraph_only])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: lightning-fullgraph train")
-    assert ("--aggregation, --codec, --cache, --pipeline, --no-overlap, --boundary-sampling "
+    assert ("--aggregation, --codec, --cache, --pipeline, --no-overlap, --sampling "
             "and --link apply only with --strategy fullgraph (got --strategy 4d --model scalegnn)") in err
     with pytest.raises(SystemExit) as info:
         main(["train", "--grid", "2,1,1", "--dp", "2", "--bf16-comm", "--steps-per-epoch", "3"])
@@ -361,7 +361,7 @@ def test_train_exchange_options_make_one_exchange_config(tmp_path):
     path = LinkModel(alpha=2e-4, beta=1.25e8).save(tmp_path / "link.json")
     args = build_parser().parse_args(
         ["train", "--aggregation", "auto", "--link", str(path), "--codec", "int2",
-         "--cache", "budgeted", "--boundary-sampling", "0.5", "--no-overlap"])
+         "--cache", "budgeted", "--sampling", "0.5", "--no-overlap"])
     config = _exchange_config(args)
     assert isinstance(config, ExchangeConfig)
     assert config.aggregation == "auto" and config.codec == "int2" and not config.overlap

@@ -19,6 +19,7 @@ Quick start::
 Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
 """
 from .backend import BACKENDS, current, resolve, use
+from .config import KernelConfig
 from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr, pool_info
 from .functional import aggregate
 from .kept import get_static_inputs, set_static_inputs
@@ -30,6 +31,7 @@ from .pyg import AccelerationHandle, accelerate, is_accelerated, register_layer,
 
 __all__ = [
     "BACKENDS",
+    "KernelConfig",
     "use",
     "current",
     "resolve",

@@ -5,10 +5,10 @@ on by every rank, errors that name the collective and the peers.
 bases of :class:`~lightning_fullgraph.FullGraphStrategy` and
 :class:`~lightning_fullgraph.FourDStrategy`:
 
-* **Two timeouts.**  Start-up (rendezvous, the wait while rank 0 partitions) may take long on a
-  loaded machine and runs under ``startup_timeout``; once :meth:`setup` is done the default
-  process group, which Lightning's own collectives and metric synchronization use, is switched
-  to the collective ``timeout`` as well, and back at teardown.  A rank that is stuck anywhere
+* **Two timeouts** (:class:`TimeoutConfig`).  Start-up (rendezvous, the wait while rank 0
+  partitions) may take long on a loaded machine and runs under ``startup``; once :meth:`setup`
+  is done the default process group, which Lightning's own collectives and metric
+  synchronization use, is switched to ``collectives`` as well, and back at teardown.  A rank that is stuck anywhere
   (in a step, a callback, a data hook) then stops every other rank within that timeout.
 * **Errors.**  A collective outside the library's own (Lightning's barrier or broadcast, a
   torchmetrics ``compute``) that times out or loses its peer ends the run with a
@@ -20,8 +20,9 @@ bases of :class:`~lightning_fullgraph.FullGraphStrategy` and
   blocked in a collective), agreed on at every step.
 """
 import signal
+from dataclasses import dataclass, fields
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Union
 
 import torch.distributed as dist
 
@@ -31,7 +32,7 @@ from .signals import DeferredSignals
 
 _SubprocessScriptLauncher, _MultiProcessingLauncher = compat.lightning_launchers()
 
-__all__ = ["BoundedRunMixin", "as_timedelta"]
+__all__ = ["BoundedRunMixin", "TimeoutConfig", "as_timedelta", "refuse_grouped_arguments"]
 
 
 def as_timedelta(value: Any, name: str) -> timedelta:
@@ -53,6 +54,59 @@ def as_timedelta(value: Any, name: str) -> timedelta:
     if not seconds > 0:
         raise ValueError(f"{name} must be positive, got {seconds:g} s")
     return timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class TimeoutConfig:
+    r"""How long a process waits for its peers, before and after start-up.
+
+    A strategy's ``timeout`` keeps Lightning's meaning: one duration (seconds or a
+    :class:`~datetime.timedelta`) is the process group's timeout, for start-up and every
+    collective alike.  This object sets the two apart, which is the default: start-up
+    (rendezvous, the wait while rank 0 partitions the graph) may take long on a loaded
+    machine, while a peer that is stuck in training should stop the run soon::
+
+        FullGraphStrategy(timeout=600)                                   # both 10 minutes
+        FullGraphStrategy(timeout=TimeoutConfig(collectives=60))         # start-up 30 min
+
+    Args:
+        startup (timedelta or float): Start-up: rendezvous of the processes and the wait
+            while rank 0 partitions the graph (default 30 minutes).
+        collectives (timedelta or float): Every collective after start-up: the engine's
+            (halo exchanges, gradient and BatchNorm all-reduces, the per-step signal
+            agreement) and Lightning's own (metric synchronization, checkpoint barriers).  A
+            rank whose peer is stuck raises a
+            :class:`~lightning_fullgraph.engine.CollectiveError` naming the collective and the
+            peers after at most this long; a peer that died is noticed at once (default 5
+            minutes).
+
+    Raises:
+        TypeError, ValueError: A duration that is not positive seconds or a timedelta.
+    """
+    startup: Union[float, timedelta] = timedelta(minutes=30)
+    collectives: Union[float, timedelta] = timedelta(minutes=5)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, as_timedelta(getattr(self, f.name), f.name))
+
+    @classmethod
+    def of(cls, value: Union[None, float, timedelta, "TimeoutConfig", Mapping[str, Any]]
+           ) -> "TimeoutConfig":
+        r"""A config from a config, one duration (start-up and collectives alike, as
+        Lightning's ``timeout``), a mapping of its fields or ``None`` (the defaults)."""
+        if value is None:
+            return cls()
+        if isinstance(value, TimeoutConfig):
+            return value
+        if isinstance(value, Mapping):
+            unknown = set(value) - {f.name for f in fields(cls)}
+            if unknown:
+                raise TypeError(f"TimeoutConfig has no field(s) {sorted(unknown)}; fields "
+                                f"are {[f.name for f in fields(cls)]}")
+            return cls(**value)
+        duration = as_timedelta(value, "timeout")
+        return cls(startup=duration, collectives=duration)
 
 
 class _Translating:
@@ -213,6 +267,26 @@ class BoundedRunMixin:
 #: processes.  The others configure ``DistributedDataParallel``, which neither strategy uses.
 _PASSED_ON = ("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io",
               "precision_plugin", "process_group_backend", "start_method")
+
+
+#: Arguments the strategies took directly before they were grouped: where each went.
+_GROUPED = {"huge_pages": "kernels=KernelConfig(huge_pages={!r})",
+            "num_threads": "kernels=KernelConfig(num_threads={!r})",
+            "startup_timeout": "timeout=TimeoutConfig(startup={!r})"}
+
+
+def refuse_grouped_arguments(strategy: str, kwargs: Mapping[str, Any],
+                             grouped: Mapping[str, str] = _GROUPED) -> None:
+    r"""Refuses, with the fix, an argument that now lives in a config object.
+
+    Raises:
+        TypeError: Naming each such argument and where it went.
+    """
+    moved = [k for k in kwargs if k in grouped]
+    if moved:
+        fixes = ", ".join(grouped[k].format(kwargs[k]) for k in moved)
+        raise TypeError(f"{strategy} takes {', '.join(moved)} in a config object: pass {fixes} "
+                        f"(lightning_fullgraph.KernelConfig, lightning_fullgraph.TimeoutConfig)")
 
 
 def refuse_unknown_arguments(strategy: str, kwargs: dict, own: Any) -> None:

@@ -14,7 +14,8 @@ from torch_geometric.data.data import BaseData
 from ..parallel.dims import FourDDims
 from ..parallel.mesh import FourDMesh
 from ..parallel.surgery import GridSplit
-from .faults import BoundedRunMixin, as_timedelta, refuse_unknown_arguments
+from .faults import (BoundedRunMixin, TimeoutConfig, refuse_grouped_arguments,
+                     refuse_unknown_arguments)
 
 __all__ = ["FourDStrategy"]
 
@@ -47,11 +48,11 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
         bf16_comm (bool): Send the parallel matmuls' partial sums and their gradients as
             bfloat16, summed in fp32 (ScaleGNN §V; lossy, half those bytes; announced with a
             warning at setup).
-        timeout (timedelta or float): Collective timeout of training: the grid's groups and,
-            after start-up, Lightning's own collectives (see
-            :class:`~lightning_fullgraph.FullGraphStrategy`); a stuck peer ends the run with a
-            :class:`~lightning_fullgraph.engine.CollectiveError`.
-        startup_timeout (timedelta or float): Timeout of the rendezvous of the processes.
+        timeout (timedelta, float or TimeoutConfig): Lightning's meaning: one duration is the
+            process group's timeout, for start-up and every collective alike; the default,
+            a :class:`~lightning_fullgraph.TimeoutConfig`, gives start-up 30 minutes and the
+            grid's collectives (and, after start-up, Lightning's own) 5 minutes.  A stuck
+            peer ends the run with a :class:`~lightning_fullgraph.engine.CollectiveError`.
         num_threads (int, optional): Torch intra-op threads per process, set at setup and
             restored at teardown (default: left as the launcher set it, as
             :class:`~lightning_fullgraph.FullGraphStrategy` does).
@@ -71,15 +72,18 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
 
     def __init__(self, dp: Optional[int] = None, grid: Tuple[int, int, int] = (1, 1, 1),
                  seed: int = 0, bf16_comm: bool = False,
-                 timeout: Union[float, timedelta] = timedelta(minutes=5),
-                 startup_timeout: Union[float, timedelta] = timedelta(minutes=30),
+                 timeout: Union[float, timedelta, TimeoutConfig] = TimeoutConfig(),
                  num_threads: Optional[int] = None, log_communication: bool = True,
                  **kwargs: Any) -> None:
         FourDDims.of(1 if dp is None else dp, grid)  # refuse bad values now, not per rank
+        refuse_grouped_arguments(type(self).__name__, kwargs,
+                                 {"startup_timeout": "timeout=TimeoutConfig(startup={!r})"})
         refuse_unknown_arguments(type(self).__name__, kwargs, _OWN_ARGUMENTS)
-        timeout = as_timedelta(timeout, "timeout")
-        super().__init__(timeout=as_timedelta(startup_timeout, "startup_timeout"), **kwargs)
-        self._init_bounded_run(timeout)
+        if num_threads is not None and (isinstance(num_threads, bool) or int(num_threads) < 1):
+            raise ValueError(f"num_threads must be at least 1 (or None), got {num_threads!r}")
+        self.timeouts = TimeoutConfig.of(timeout)
+        super().__init__(timeout=self.timeouts.startup, **kwargs)
+        self._init_bounded_run(self.timeouts.collectives)
         self.dp, self.grid, self.seed = dp, tuple(grid), int(seed)
         self.bf16_comm = bool(bf16_comm)
         self.num_threads = num_threads
@@ -238,7 +242,7 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
                 "4d", cls, description="ScaleGNN 4-D mini-batch training (lightning-fullgraph)")
 
 
-_OWN_ARGUMENTS = ("dp", "grid", "seed", "bf16_comm", "timeout", "startup_timeout", "num_threads",
+_OWN_ARGUMENTS = ("dp", "grid", "seed", "bf16_comm", "timeout", "num_threads",
                   "log_communication")
 
 FourDStrategy.register_strategies(StrategyRegistry)

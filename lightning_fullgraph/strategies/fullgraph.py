@@ -48,7 +48,9 @@ from .. import compat
 from ..engine import ExchangeConfig, FullGraphEngine
 from ..engine.config import refuse_moved_arguments
 from ..engine.step_aside import StepAside
-from .faults import BoundedRunMixin, as_timedelta, refuse_unknown_arguments
+from ..kernels.config import KernelConfig
+from .faults import (BoundedRunMixin, TimeoutConfig, refuse_grouped_arguments,
+                     refuse_unknown_arguments)
 
 compat.require("lightning")
 
@@ -93,19 +95,12 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         trusted_layers (Iterable[type]): Extra message-passing classes declared exact
             (see :func:`~lightning_fullgraph.engine.check_model`).
         sync_batchnorm (bool): Synchronize ``BatchNorm1d`` statistics across ranks.
-        kernels (str, optional): Aggregation backend (``"auto"``, ``"cpp"``,
-            ``"triton"``, ``"torch"``); ``None`` keeps PyG's own path.
-        huge_pages (bool, optional): With CPU kernels (``"auto"``, ``"cpp"``), large CPU
-            tensors in transparent huge pages for the run
-            (:mod:`lightning_fullgraph.kernels.huge_pages`): this swaps torch's CPU
-            allocator for every tensor of the process, so it is off unless asked: ``True``
-            on (a warning says why not where the machine cannot), ``False`` torch's 4 KiB
-            pages, ``None`` (default) the process's mode (``kernels.set_huge_pages``,
-            ``LIGHTNING_FULLGRAPH_HUGE_PAGES``; off unless set).  What was in effect before
-            comes back at teardown.  Measured gain: README, "Huge pages".  The allocator
-            keeps the pages of freed blocks for the next step's tensors (its block cache:
-            ``kernels.set_block_cache``, ``LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE=0`` turns it
-            off).
+        kernels (str, KernelConfig or dict, optional): How aggregations and dense maps
+            run: a backend name (``"auto"``, default; ``"cpp"``, ``"triton"``,
+            ``"torch"``; ``None`` keeps PyG's own path) or a
+            :class:`~lightning_fullgraph.kernels.KernelConfig` that also opts into huge
+            pages or sets torch's thread count for the run.  Nothing outside the model
+            changes unless asked there; what was set comes back at teardown.
         exchange (ExchangeConfig or dict, optional): How halo rows cross the wire: the
             aggregation mode (``"hybrid"`` by default, ``"post"``, ``"pre"`` or ``"auto"``),
             a codec, the adaptive halo cache, the asynchronous pipeline, boundary sampling,
@@ -115,20 +110,13 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
             :class:`~lightning_fullgraph.engine.ExchangeConfig`.  Default: exact.  A lossy
             configuration is announced at setup and its bits per feature are logged
             (``comm/bits``).
-        timeout (timedelta or float): Collective timeout of training: every collective
-            after start-up, the engine's (halo exchanges, gradient and BatchNorm all-reduces,
-            the per-step signal agreement) and Lightning's own (metric synchronization,
-            checkpoint barriers).  A rank whose peer is stuck raises a
+        timeout (timedelta, float or TimeoutConfig): Lightning's meaning: one duration is the
+            process group's timeout, for start-up and every collective alike.  The default,
+            a :class:`~lightning_fullgraph.TimeoutConfig`, gives start-up 30 minutes (rank
+            0 partitions meanwhile) and every collective of training 5 minutes: a rank
+            whose peer is stuck then raises a
             :class:`~lightning_fullgraph.engine.CollectiveError` naming the collective and
-            the peers after at most this long (a peer that died is noticed at once).
-        startup_timeout (timedelta or float): Timeout of start-up: rendezvous of the
-            processes and the wait while rank 0 partitions the graph.  Kept apart from
-            :obj:`timeout` so a short dead-peer timeout does not fail start-up on a loaded
-            machine.
-        num_threads (int, optional): Torch intra-op threads per rank, set at setup and
-            restored at teardown.  Default: left as the launcher set it (``torchrun`` and
-            Lightning's launchers set ``$OMP_NUM_THREADS``, Lightning's to the node's cores
-            divided by its processes, where it was not set).
+            the peers.
         log_communication (bool): Add a
             :class:`~lightning_fullgraph.callbacks.CommunicationMonitor` unless one is set.
         **kwargs: Passed to :class:`~lightning.pytorch.strategies.DDPStrategy`:
@@ -142,39 +130,35 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
 
     def __init__(self, loss_mask: str = "train_mask", loss_reduction: str = "mean",
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
-                 sync_batchnorm: bool = True, kernels: Optional[str] = "auto",
-                 huge_pages: Optional[bool] = None,
-                 exchange: Optional[ExchangeConfig] = None,
+                 sync_batchnorm: bool = True,
                  # Typed (not Any) so that LightningCLI/jsonargparse parse and save them.
-                 timeout: Union[float, timedelta] = timedelta(minutes=5),
-                 startup_timeout: Union[float, timedelta] = timedelta(minutes=30),
-                 num_threads: Optional[int] = None,
+                 kernels: Union[str, None, KernelConfig] = "auto",
+                 exchange: Optional[ExchangeConfig] = None,
+                 timeout: Union[float, timedelta, TimeoutConfig] = TimeoutConfig(),
                  log_communication: bool = True, **kwargs: Any) -> None:
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         refuse_moved_arguments(type(self).__name__, kwargs)
+        refuse_grouped_arguments(type(self).__name__, kwargs)
         refuse_unknown_arguments(type(self).__name__, kwargs, _OWN_ARGUMENTS)
-        timeout, startup_timeout = as_timedelta(timeout, "timeout"), \
-            as_timedelta(startup_timeout, "startup_timeout")
-        super().__init__(timeout=startup_timeout, **kwargs)
-        self._init_bounded_run(timeout)
+        self.timeouts = TimeoutConfig.of(timeout)
+        super().__init__(timeout=self.timeouts.startup, **kwargs)
+        self._init_bounded_run(self.timeouts.collectives)
         self.loss_mask = loss_mask
         self.loss_reduction = loss_reduction
         self.trusted_layers = tuple(trusted_layers)
         self.sync_batchnorm = sync_batchnorm
-        self.kernels = kernels
-        if huge_pages not in (None, True, False):
-            raise ValueError(f"huge_pages must be None, True or False, got {huge_pages!r}")
-        self.huge_pages = huge_pages
+        #: The compute settings (:class:`~lightning_fullgraph.kernels.KernelConfig`).
+        self.kernel_config = KernelConfig.of(kernels)
+        self.kernels = self.kernel_config.backend
+        self.huge_pages = self.kernel_config.huge_pages
         # Checked now (an unknown codec, stages that cannot combine), not at setup on every
         # rank.
         self.exchange = ExchangeConfig.of(exchange)
         # One step-aside decision per strategy: fit's decision is what validate and test
         # report, and what a checkpoint restores into the next engine.
         self._step_aside = StepAside.of(self.exchange.step_aside)
-        if num_threads is not None and int(num_threads) < 1:
-            raise ValueError(f"num_threads must be at least 1 (or None), got {num_threads!r}")
-        self.num_threads = num_threads
+        self.num_threads = self.kernel_config.num_threads
         self._threads_before: Optional[int] = None
         self.log_communication = log_communication
         self.engine: Optional[FullGraphEngine] = None
@@ -472,7 +456,6 @@ def _data_error(problem: str, fix: str) -> str:
 
 
 _OWN_ARGUMENTS = ("loss_mask", "loss_reduction", "trusted_layers", "sync_batchnorm", "kernels",
-                  "huge_pages", "exchange", "timeout", "startup_timeout", "num_threads",
-                  "log_communication")
+                  "exchange", "timeout", "log_communication")
 
 FullGraphStrategy.register_strategies(StrategyRegistry)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from torch_geometric.nn import GCNConv
 
-from lightning_fullgraph import FullGraphDataModule, FullGraphStrategy
+from lightning_fullgraph import FullGraphDataModule, FullGraphStrategy, TimeoutConfig
 
 HIDDEN = 16
 LR = 0.01
@@ -73,7 +73,8 @@ def main() -> int:
     counters = Counters()
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, num_nodes=2, max_epochs=args.epochs,
-        strategy=FullGraphStrategy(timeout=args.timeout, startup_timeout=3 * args.timeout),
+        strategy=FullGraphStrategy(timeout=TimeoutConfig(collectives=args.timeout,
+                                                         startup=3 * args.timeout)),
         callbacks=[counters], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=0)

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 
-from lightning_fullgraph import FourDStrategy, FullGraphStrategy
+from lightning_fullgraph import FourDStrategy, FullGraphStrategy, KernelConfig, TimeoutConfig
 from lightning_fullgraph.engine import ExchangeConfig
 
 
@@ -41,15 +41,45 @@ def test_an_unknown_codec_is_refused_at_construction():
 def test_timeouts_must_be_positive(strategy, value):
     with pytest.raises(ValueError, match="timeout must be positive"):
         strategy(timeout=value)
-    with pytest.raises(ValueError, match="startup_timeout must be positive"):
-        strategy(startup_timeout=value)
+    with pytest.raises(ValueError, match="startup must be positive"):
+        strategy(timeout=TimeoutConfig(startup=value))
+    with pytest.raises(ValueError, match="collectives must be positive"):
+        strategy(timeout=TimeoutConfig(collectives=value))
 
 
 @pytest.mark.parametrize("strategy", [FullGraphStrategy, FourDStrategy])
 def test_the_two_timeouts_keep_their_roles(strategy):
-    s = strategy(timeout=7, startup_timeout=timedelta(minutes=3))
+    s = strategy(timeout=TimeoutConfig(collectives=7, startup=timedelta(minutes=3)))
     assert s.collective_timeout == timedelta(seconds=7)  # training's collectives
     assert s._timeout == timedelta(minutes=3)  # Lightning's: the process group at start-up
+    s = strategy()  # start-up may be slow (rank 0 partitions), a stuck peer is noticed soon
+    assert (s._timeout, s.collective_timeout) == (timedelta(minutes=30), timedelta(minutes=5))
+
+
+@pytest.mark.parametrize("strategy", [FullGraphStrategy, FourDStrategy])
+def test_one_timeout_keeps_lightnings_meaning(strategy):
+    # DDPStrategy(timeout=...) is the process group's timeout, start-up and collectives alike.
+    s = strategy(timeout=timedelta(minutes=3))
+    assert s._timeout == s.collective_timeout == timedelta(minutes=3)
+
+
+@pytest.mark.parametrize("strategy", [FullGraphStrategy, FourDStrategy])
+def test_grouped_arguments_are_refused_with_their_new_place(strategy):
+    with pytest.raises(TypeError, match=r"timeout=TimeoutConfig\(startup=60\)"):
+        strategy(startup_timeout=60)
+    if strategy is FullGraphStrategy:
+        with pytest.raises(TypeError, match=r"kernels=KernelConfig\(huge_pages=True\)"):
+            strategy(huge_pages=True)
+        with pytest.raises(TypeError, match=r"kernels=KernelConfig\(num_threads=2\)"):
+            strategy(num_threads=2)
+
+
+def test_at_most_eight_arguments():
+    import inspect
+    for strategy in (FullGraphStrategy, FourDStrategy):
+        own = [n for n, p in inspect.signature(strategy.__init__).parameters.items()
+               if n != "self" and p.kind is not p.VAR_KEYWORD]
+        assert len(own) <= 8, (strategy.__name__, own)
 
 
 @pytest.mark.parametrize("strategy", [FullGraphStrategy, FourDStrategy])
@@ -63,7 +93,9 @@ def test_ddp_options_at_their_defaults_are_accepted(strategy):
 def test_num_threads_must_be_positive():
     # (Set only when given, restored at teardown: tests/strategies/test_fullgraph.py.)
     with pytest.raises(ValueError, match="num_threads must be at least 1"):
-        FullGraphStrategy(num_threads=0)
+        FullGraphStrategy(kernels=KernelConfig(num_threads=0))
+    with pytest.raises(ValueError, match="num_threads must be at least 1"):
+        FourDStrategy(num_threads=0)
 
 
 def test_reductions_step_aside_by_default():

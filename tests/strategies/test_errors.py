@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_fullgraph import FullGraphStrategy
+from lightning_fullgraph import FullGraphStrategy, KernelConfig
 from lightning_fullgraph.engine import ExchangeConfig
 
 
@@ -41,7 +41,7 @@ def test_bad_aggregation_names_the_choices():
 
 def test_bad_huge_pages_setting_names_the_choices():
     with pytest.raises(ValueError, match="huge_pages must be None, True or False, got 'yes'"):
-        FullGraphStrategy(huge_pages="yes")
+        FullGraphStrategy(kernels=KernelConfig(huge_pages="yes"))
 
 
 def test_registered_under_a_name():

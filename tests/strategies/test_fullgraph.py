@@ -18,10 +18,11 @@ EPOCHS = 8
 
 def _trainer(world_size, tmp, kernels, precision="64-true", options=None, **kwargs):
     import lightning.pytorch as pl
-    from lightning_fullgraph import FullGraphStrategy
+    from lightning_fullgraph import FullGraphStrategy, TimeoutConfig
     kwargs.setdefault("max_epochs", EPOCHS)
+    options = dict(dict(kernels=kernels, timeout=TimeoutConfig(collectives=30)), **(options or {}))
     return pl.Trainer(accelerator="cpu", devices=world_size, precision=precision,
-                      strategy=FullGraphStrategy(kernels=kernels, timeout=30, **(options or {})),
+                      strategy=FullGraphStrategy(**options),
                       logger=False, enable_progress_bar=False, enable_model_summary=False,
                       default_root_dir=tmp, num_sanity_val_steps=0, **kwargs)
 
@@ -125,7 +126,7 @@ def test_trainer_matches_single_process(tmp_path, world_size, kernels, conv, mod
 @pytest.mark.multiprocess
 def test_huge_pages_and_threads_when_asked_for_the_run_only(tmp_path):
     results = run_distributed(_fit_and_compare, 2, str(tmp_path), "auto", "gcn", "automatic",
-                              dict(huge_pages=True, num_threads=2))
+                              dict(kernels=dict(huge_pages=True, num_threads=2)))
     for r in results:
         assert max(r["params"].values()) < 1e-9, r
         before, during, after = r["huge"]["threads"]

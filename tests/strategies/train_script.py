@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import torchmetrics
 from torch_geometric.nn import GCNConv
 
-from lightning_fullgraph import FourDStrategy, FullGraphDataModule, FullGraphStrategy
+from lightning_fullgraph import (FourDStrategy, FullGraphDataModule, FullGraphStrategy,
+                                 TimeoutConfig)
 
 
 class GCN(pl.LightningModule):
@@ -106,10 +107,10 @@ def main():
     module = GCN(data.num_features, 7, args)
     if args.strategy == "4d":  # ScaleGNN's sampled mini-batches, two replicas
         from lightning_fullgraph.data.sampled import SampledNodeDataModule
-        strategy = FourDStrategy(timeout=args.timeout)
+        strategy = FourDStrategy(timeout=TimeoutConfig(collectives=args.timeout))
         dm = SampledNodeDataModule(data, batch_size=512, steps_per_epoch=4)
     else:
-        strategy = FullGraphStrategy(timeout=args.timeout)
+        strategy = FullGraphStrategy(timeout=TimeoutConfig(collectives=args.timeout))
         dm = SlowPrepare(data, cache_dir=os.environ.get("TEST_CACHE_DIR"),
                          delay=args.slow_prepare)
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, max_epochs=args.epochs,
