@@ -17,7 +17,7 @@ import sys
 import warnings
 from importlib import metadata
 from types import ModuleType
-from typing import Any, Callable, Dict, Iterator, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
 __all__ = [
     "TESTED_VERSIONS", "UntestedVersionError", "require", "installed_version",
@@ -194,28 +194,51 @@ _gcn_norm_routes = [0]  # global routes (route_gcn_norm) in effect
 def pyg_gcn_norm() -> Callable:
     r"""PyG's own ``gcn_norm`` (``torch_geometric.nn.conv.gcn_conv.gcn_norm`` as PyG defines
     it), whether or not it is routed now."""
-    global _gcn_norm_original
+    global _gcn_norm_original, _route
     if _gcn_norm_original is None:
         from torch_geometric.nn.conv import gcn_conv
         fn = gcn_conv.gcn_norm
-        if fn is _route:
+        if _route is not None and fn is _route:
             raise RuntimeError("gcn_norm was routed before PyG's function was recorded")
         _gcn_norm_original = fn
+        _route = _make_router(fn, gcn_conv)
     return _gcn_norm_original
 
 
-def _route(*args: Any, **kwargs: Any) -> Any:
-    # Plain Python: under torch.compile a handler that cannot be traced is compile-disabled
-    # itself (the engine's), one that only applies in eager mode passes (the kernels').
-    for _priority, _order, handler in _gcn_norm_handlers:
-        out = handler(*args, **kwargs)
-        if out is not NotImplemented:
-            return out
-    return _gcn_norm_original(*args, **kwargs)
+def _make_router(original: Callable, home: Any) -> Callable:
+    r"""The router: a function that PyG's modules call as ``gcn_norm``, built in the globals
+    of PyG's own module (:obj:`home`) under PyG's name and wrapping PyG's function.
+
+    ``torch.jit.script`` of a PyG layer compiles the ``gcn_norm`` its module binds: finding
+    the router under PyG's qualified name, with PyG's ``@overload`` declarations and, through
+    ``__wrapped__``, PyG's source and globals, it compiles PyG's own function; the scripted
+    layer calls that.  In Python it runs the handlers (by priority; one returning
+    ``NotImplemented`` passes), then PyG's function.  Plain Python: under torch.compile a
+    handler that cannot be traced is compile-disabled itself (the engine's), one that only
+    applies in eager mode passes (the kernels')."""
+    import functools
+    import types
+    handlers = _gcn_norm_handlers
+
+    def gcn_norm(*args: Any, **kwargs: Any) -> Any:
+        for _priority, _order, handler in handlers:
+            out = handler(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return original(*args, **kwargs)
+
+    # Only closure cells and builtins are read, so PyG's module globals serve as well.
+    router = types.FunctionType(gcn_norm.__code__, vars(home), "gcn_norm", None,
+                                gcn_norm.__closure__)
+    return functools.wraps(original)(router)
+
+
+_route: Optional[Callable] = None  # made with PyG's function (pyg_gcn_norm)
 
 
 def gcn_norm_router() -> Callable:
     r"""The function PyG's modules call as ``gcn_norm`` while a handler is routed."""
+    pyg_gcn_norm()
     return _route
 
 

@@ -343,13 +343,45 @@ def _install(module, pinned: Optional[str],
         module.__dict__["forward"] = fused
     if routed:
         gcn.route()  # the memo in PyG's gcn_norm calls while this layer is accelerated
+    if "__prepare_scriptable__" not in module.__dict__:
+        module.__dict__["__prepare_scriptable__"] = _ScriptableCopy(module, saved)
     return saved, wrapper, fused, routed, own
+
+
+class _ScriptableCopy:
+    r"""``torch.jit.script(layer)`` of an accelerated layer scripts PyG's own layer.
+
+    TorchScript compiles a module's ``forward`` and ``propagate`` as it finds them on the
+    instance: the kernels' (closures, resolved in this package's globals, where PyG's type
+    aliases such as ``Adj`` are unknown).  It first calls ``__prepare_scriptable__``: this one
+    returns a shallow copy of the layer (the same parameters, buffers and hooks) with PyG's
+    own ``forward`` and ``propagate``, so the scripted module is the one PyG scripts; the
+    layer itself stays accelerated."""
+
+    def __init__(self, module, saved) -> None:
+        self.module, self.saved = weakref.ref(module), saved
+
+    def __call__(self):
+        import copy
+        module = self.module()
+        plain = copy.copy(module)  # shares _parameters, _buffers, _modules, hooks
+        plain.__dict__ = dict(module.__dict__)
+        for name in ("forward", "__prepare_scriptable__"):
+            plain.__dict__.pop(name, None)
+        if self.saved is _MISSING:
+            plain.__dict__.pop("propagate", None)
+        else:
+            plain.__dict__["propagate"] = self.saved
+        prepare = getattr(type(plain), "__prepare_scriptable__", None)
+        return prepare(plain) if prepare is not None else plain
 
 
 def _uninstall(module, token) -> None:
     saved, wrapper, fused, routed, own = token
     if routed:
         gcn.unroute()
+    if isinstance(module.__dict__.get("__prepare_scriptable__"), _ScriptableCopy):
+        del module.__dict__["__prepare_scriptable__"]
     if fused is not None and module.__dict__.get("forward") is fused:
         if own is None:
             del module.__dict__["forward"]
