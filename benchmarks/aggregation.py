@@ -3,11 +3,11 @@
 
 Usage::
 
-    python benchmarks/aggregation.py --quick                  # ~1 min smoke run
-    python benchmarks/aggregation.py                          # Cora + 1M-node synthetic
-    python benchmarks/aggregation.py --partition-only         # part 1 only (no training)
-    python benchmarks/aggregation.py --static-cache           # also part 3
-    python benchmarks/aggregation.py --json | jq .targets     # only the JSON on stdout
+    python -m benchmarks aggregation --quick                  # ~1 min smoke run
+    python -m benchmarks aggregation                          # Cora + 1M-node synthetic
+    python -m benchmarks aggregation --partition-only         # part 1 only (no training)
+    python -m benchmarks aggregation --static-cache           # also part 3
+    python -m benchmarks aggregation --json | jq .targets     # only the JSON on stdout
 
 The three aggregation modes of :class:`~lightning_fullgraph.engine.FullGraphEngine`
 (SuperGCN, ICS'25 §5): ``post`` sends the source row of every cut edge, ``pre`` lets the
@@ -84,8 +84,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 # No torch import here: this file is the launcher's (and spawned children's) main module;
 # see benchmarks/fullgraph.py for why the launcher must stay small.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fullgraph as fg  # noqa: E402  (benchmarks/fullgraph.py: launcher, worker, summaries)
+from . import fullgraph as fg  # launcher, worker, summaries
+from ._common import add_out_argument, result_path
 
 MODES = ("post", "pre", "hybrid")
 DEFAULT_RESULTS = fg.DEFAULT_RESULTS
@@ -796,10 +796,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                      "gloo processes (with a check that measured bytes equal the plan's)."),
         formatter_class=fg._HelpFormatter,
         epilog=("examples:\n"
-                "  python benchmarks/aggregation.py --quick\n"
-                "  python benchmarks/aggregation.py --partition-only\n"
-                "  python benchmarks/aggregation.py --measure-parts 2,4 --modes post,hybrid\n"
-                "  python benchmarks/aggregation.py --static-cache --partition-only\n"))
+                "  python -m benchmarks aggregation --quick\n"
+                "  python -m benchmarks aggregation --partition-only\n"
+                "  python -m benchmarks aggregation --measure-parts 2,4 --modes post,hybrid\n"
+                "  python -m benchmarks aggregation --static-cache --partition-only\n"))
     p.add_argument("--datasets", default="cora,synthetic",
                    help="data sets of part 1 (comma-separated: cora, synthetic)")
     p.add_argument("--parts", default="2,4,8", help="P of part 1 (plan level)")
@@ -846,10 +846,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke run (~1 min): 50,000-node synthetic graph, fewer runs")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_RESULTS / "cache",
-                   help="saved graphs and partitions (shared with benchmarks/fullgraph.py)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="JSON result file (default benchmarks/results/aggregation.json, "
-                        "aggregation-quick.json with --quick)")
+                   help="saved graphs and partitions (shared with the fullgraph topic)")
+    add_out_argument(p, file_ok=True)  # aggregation-<time>.json (aggregation-quick-... with --quick)
     p.add_argument("--json", action="store_true",
                    help="print only the JSON result on stdout (tables go to stderr)")
     p.add_argument("--timeout", type=float, default=1800.0,
@@ -893,8 +891,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.epochs = 2 if q else 3
     if args.epochs < 1 or args.warmup < 0:
         p.error("need --epochs >= 1 and --warmup >= 0")
-    if args.out is None:
-        args.out = DEFAULT_RESULTS / ("aggregation-quick.json" if q else "aggregation.json")
     return args
 
 
@@ -955,9 +951,9 @@ def main(argv=None) -> int:
     res["launcher_peak_rss_kib"] = fg.peak_rss_kib()
 
     log(format_report(res))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=1))
-    log(f"[out] wrote {args.out}")
+    out = result_path("aggregation-quick" if args.quick else "aggregation", args.out)
+    out.write_text(json.dumps(res, indent=1))
+    log(f"[out] wrote {out}")
     if args.json:
         print(json.dumps(res, indent=1))
     return 0

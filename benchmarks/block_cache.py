@@ -4,8 +4,8 @@ the pages of freed blocks reused (the default), or unmapped (limit 0).
 
 Usage::
 
-    python benchmarks/block_cache.py                      # 2-layer GCN step, 1M nodes / 16M edges
-    python benchmarks/block_cache.py --nodes 20000 --edges 200000 --rounds 2   # smoke run
+    python -m benchmarks block_cache                      # 2-layer GCN step, 1M nodes / 16M edges
+    python -m benchmarks block_cache --nodes 20000 --edges 200000 --rounds 2   # smoke run
 
 Without the cache every large tensor of a step lands in freshly mapped pages: a page fault per
 2 MiB and the kernel zeroing it. Here one training step of a 2-layer GCN (``GCNConv(F,
@@ -30,10 +30,8 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ._common import REPO, abba, add_out_argument, child_env, module_command, spread, write_result
 
 
 def _setup(nodes: int, edges: int, features: int, hidden: int, classes: int, seed: int = 0):
@@ -41,8 +39,8 @@ def _setup(nodes: int, edges: int, features: int, hidden: int, classes: int, see
     import torch.nn.functional as F
 
     import lightning_fullgraph.kernels as K
-    from gcn_forward import _build
-    from kernels import power_law_graph
+    from .gcn_forward import _build
+    from .kernels import power_law_graph
 
     K.cpp_available()  # loads the kernels: the huge-page allocator is installed from here on
     torch.manual_seed(seed)
@@ -97,11 +95,11 @@ def child(args: argparse.Namespace) -> dict:
 
 
 def peak(args: argparse.Namespace, limit: int) -> dict:
-    cmd = [sys.executable, __file__, "--child-limit", str(limit), "--nodes", str(args.nodes),
+    cmd = [*module_command("block_cache"), "--child-limit", str(limit), "--nodes", str(args.nodes),
            "--edges", str(args.edges), "--features", str(args.features), "--hidden",
            str(args.hidden), "--classes", str(args.classes), "--peak-steps",
            str(args.peak_steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=REPO, env=child_env())
     if proc.returncode != 0:
         raise RuntimeError(f"peak run with limit {limit} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -109,7 +107,6 @@ def peak(args: argparse.Namespace, limit: int) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     import lightning_fullgraph.kernels as K
-    from kernels import abba, spread
     from lightning_fullgraph.kernels import huge_pages
 
     limit = huge_pages._parse_bytes(args.limit)
@@ -149,6 +146,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-peak", dest="peak", action="store_false",
                         help="skip the two fresh processes that measure the peak memory")
     parser.add_argument("--peak-steps", type=int, default=4)
+    add_out_argument(parser)
     parser.add_argument("--child-limit", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_limit is not None:
@@ -156,6 +154,7 @@ def main(argv=None) -> int:
         return 0
     row = run(args)
     print(json.dumps(row, indent=2))
+    write_result("block_cache", row, args.out)
     print("| 2-layer GCN step | cache off | cache on | gain | blocks reused |"
           "\n| --- | --- | --- | --- | --- |")
     print(f"| {args.nodes:,} / {args.edges:,}, F={args.features} | "

@@ -17,10 +17,10 @@ the measured step (no exchange is assumed hidden; boundary sampling is not predi
 
 Usage::
 
-    python benchmarks/cluster.py                                   # the issue's matrix
-    python benchmarks/cluster.py --quick                           # Cora, 2 nodes, 2 configs
-    python benchmarks/cluster.py --models sage --configs post int2 --rates 1gbit 10gbit
-    python benchmarks/cluster.py --replot results.json --plot out.png
+    python -m benchmarks cluster                                   # the issue's matrix
+    python -m benchmarks cluster --quick                           # Cora, 2 nodes, 2 configs
+    python -m benchmarks cluster --models sage --configs post int2 --rates 1gbit 10gbit
+    python -m benchmarks cluster --replot results.json --plot out.png
 
 Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (exact),
 ``auto`` (exact: per layer the mode predicted fastest on the link calibrated at start-up),
@@ -39,8 +39,11 @@ of ``rate`` are emulated with every time stretched by ``N / cores`` (in the JSON
 stretched K times more, the link slowed as much); ``--no-dilate`` lets the nodes share the
 cores freely.  Read ratios.
 
-Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the current
-directory) and, with ``--plot``, a figure of step time per configuration and model.
+Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the results
+directory: ``--out DIR``, ``$LIGHTNING_FULLGRAPH_BENCH_DIR`` or
+``~/.cache/lightning-fullgraph/benchmarks``) and, with ``--plot``, a figure of step time per
+configuration and model (``python -m benchmarks plot cluster RESULTS.json --out FIG.png`` draws
+it again from the file).
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ from typing import Any, Dict, List, Optional
 
 from lightning_fullgraph.cluster import EmulatedCluster
 
-REPO = Path(__file__).resolve().parent.parent
+from ._common import REPO, add_out_argument, result_path
 
 #: ``train`` options of every configuration.
 CONFIGS: Dict[str, List[str]] = {
@@ -115,7 +118,7 @@ def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Na
     # A rank runs as many threads as its emulated machine has cores (a dilated cluster), or
     # its share of this machine's.
     threads = cluster.node_cores or max(1, (os.cpu_count() or 1) // cluster.nodes)
-    env = dict(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
+    env = dict(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))  # the checkout's package first
     start = time.perf_counter()
     procs = cluster.torchrun(args, env=env, port=port, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -263,7 +266,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the planner's step prediction (each job calibrates the link "
                         "at fit start for it: a few seconds)")
-    p.add_argument("--json-out", default=None)
+    p.add_argument("--json-out", default=None,
+                   help="result file (default: cluster-<time>.json in the results directory, see --out)")
+    add_out_argument(p)
     p.add_argument("--plot", default=None)
     p.add_argument("--reference", default="post",
                    help="the configuration the ratios are against (default: post)")
@@ -305,10 +310,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                             rows[-1]["node_cores"] = cluster.node_cores
     derive(rows, opts.reference)
     print(table(rows))
-    out = Path(opts.json_out or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out = Path(opts.json_out) if opts.json_out else result_path("cluster", opts.out)
     meta = dict(dataset=opts.dataset, hidden=opts.hidden, layers=opts.layers, epochs=opts.epochs,
                 cores=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"),
-                command=" ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])))
+                command=" ".join(["python -m benchmarks cluster"]
+                                 + (sys.argv[1:] if argv is None else list(argv))))
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
     print(f"results: {out}", file=sys.stderr)
     if opts.plot:

@@ -2,10 +2,10 @@
 
 Usage::
 
-    python benchmarks/codecs.py                       # 200k x 128 float32 rows, CPU
-    python benchmarks/codecs.py --quick               # 20k x 128, fewer repeats
-    python benchmarks/codecs.py --device cuda         # Triton vs the reference on a GPU
-    python benchmarks/codecs.py --json out.json
+    python -m benchmarks codecs                       # 200k x 128 float32 rows, CPU
+    python -m benchmarks codecs --quick               # 20k x 128, fewer repeats
+    python -m benchmarks codecs --device cuda         # Triton vs the reference on a GPU
+    python -m benchmarks codecs --json out.json
 
 For every codec (:class:`QuantizedCodec` at 1, 2, 4 and 8 bits with stochastic rounding, and
 :class:`BFloat16Codec`) and implementation (C++ or Triton, and the pure-PyTorch reference),
@@ -23,16 +23,14 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from typing import Callable, Dict, List
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from lightning_fullgraph.engine.codecs import BFloat16Codec, QuantizedCodec, WireContext
 
-from lightning_fullgraph.engine.codecs import (BFloat16Codec, QuantizedCodec,  # noqa: E402
-                                               WireContext)
+from ._common import add_out_argument, write_result
 
 
 def _timer(device: torch.device, inner: int) -> Callable[[Callable[[], object]], float]:
@@ -62,7 +60,9 @@ def main(argv: List[str] = None) -> Dict:
                    help="calls per timing (default: 1 on CPU, 20 on CUDA)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--json", default=None, help="write the results to this file (default: codecs-<time>.json in "
+                   "the results directory, see --out)")
+    add_out_argument(p)
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.repeats, args.reference_repeats = 20_000, 3, 1
@@ -135,9 +135,7 @@ def main(argv: List[str] = None) -> Dict:
               f"{r['encode_s'] * unit:>8.1f} {r['decode_s'] * unit:>8.1f} {r['encode_gbs']:>9.2f} "
               f"{r['decode_gbs']:>9.2f} {r['roundtrip_gbs']:>13.2f} {r['vs_clone']:>8.0%}")
     print(json.dumps(report))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=2)
+    write_result("codecs", report, args.out, path=args.json, indent=2)
     return report
 
 

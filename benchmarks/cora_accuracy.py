@@ -1,7 +1,7 @@
 """GCN on Cora: test accuracy on one process vs partitioned on P processes, over seeds.
 
-    python benchmarks/cora_accuracy.py                 # 5 seeds, P = 4, 200 epochs
-    python benchmarks/cora_accuracy.py --json
+    python -m benchmarks cora_accuracy                 # 5 seeds, P = 4, 200 epochs
+    python -m benchmarks cora_accuracy --json
 
 Kipf & Welling's setup (as PyG's ``examples/gcn.py``): row-normalized features,
 2-layer GCN, 16 hidden, dropout 0.5 (input and hidden), Adam lr 0.01 with weight
@@ -14,16 +14,14 @@ statistically, not bitwise, equal.
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lightning_fullgraph.data import load_cora
+from lightning_fullgraph.module import build_model
 
-from lightning_fullgraph.data import load_cora  # noqa: E402
-from lightning_fullgraph.module import build_model  # noqa: E402
+from ._common import add_out_argument, write_result
 
 
 def _cora():
@@ -109,14 +107,16 @@ def run(seeds, world_size: int, epochs: int, cache=None) -> dict:
     }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    add_out_argument(parser)
+    args = parser.parse_args(argv)
     result = run(range(args.seeds), args.processes, args.epochs)
+    write_result("cora_accuracy", result, args.out, indent=2)
     if args.json:
         print(json.dumps(result, indent=2))
         return

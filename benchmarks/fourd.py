@@ -3,10 +3,10 @@
 
 Usage::
 
-    python benchmarks/fourd.py                        # Cora, 4 processes
-    python benchmarks/fourd.py --dataset synthetic:nodes=100000,degree=10,features=128 \
+    python -m benchmarks fourd                        # Cora, 4 processes
+    python -m benchmarks fourd --dataset synthetic:nodes=100000,degree=10,features=128 \
         --epochs 30 --seeds 0
-    python benchmarks/fourd.py --json > out.json      # only the JSON on stdout
+    python -m benchmarks fourd --json > out.json      # only the JSON on stdout
 
 Every configuration is one ``lightning-fullgraph train --json`` run (runs are stored in
 ``--runs`` and reused), on ``--devices`` processes unless it says otherwise:
@@ -45,10 +45,8 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from training_runs import Runs, train  # noqa: E402
+from ._common import add_out_argument, default_results_root, write_result
+from .training_runs import Runs, train
 
 # name -> (model, train flags, processes: None = --devices)
 CONFIGS = {
@@ -72,7 +70,7 @@ def _time_to(trace, target):
     return next((seconds for _, seconds, acc in trace if acc >= target), None)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="cora")
     p.add_argument("--devices", type=int, default=4)
@@ -87,9 +85,12 @@ def main() -> None:
     p.add_argument("--target", type=float, default=None,
                    help="validation accuracy for 'to target' (default: 95 %% of full-graph "
                         "GCN's mean best validation accuracy)")
-    p.add_argument("--runs", default=str(ROOT / "benchmarks" / "results" / "fourd-v2.jsonl"))
+    p.add_argument("--runs", default=str(default_results_root() / "fourd-v2.jsonl"),
+                   help="JSON-lines file of finished runs, reused by later invocations "
+                        "('' to keep none; default in the results directory)")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    add_out_argument(p)
+    args = p.parse_args(argv)
     runs = Runs(Path(args.runs) if args.runs else None)
     configs = list(args.configs)
     if args.target is None and REFERENCE not in configs:
@@ -139,6 +140,7 @@ def main() -> None:
             "sampling_hidden_frac": done[0].get("sampling_hidden_frac"),
         })
     result = {"target_val_acc": target, "rows": rows}
+    write_result("fourd", result, args.out, indent=2)
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -3,8 +3,8 @@
 
 Usage::
 
-    python benchmarks/fourd_reduce.py      # hidden 64 and 256; grid (2,2,1), dp 2 x (2,1,1)
-    python benchmarks/fourd_reduce.py --json
+    python -m benchmarks fourd_reduce      # hidden 64 and 256; grid (2,2,1), dp 2 x (2,1,1)
+    python -m benchmarks fourd_reduce --json
 
 Each configuration runs on ``dp * x * y * z`` gloo processes (one thread each): a
 Grid3DScaleGNN (Cora's 1433 input features, 3 layers, 7 classes) does one forward and
@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from lightning_fullgraph.testing import run_distributed
+
+from ._common import add_out_argument, write_result
 
 CONFIGS = [(64, 1, (2, 2, 1)), (256, 1, (2, 2, 1)), (64, 2, (2, 1, 1)), (256, 2, (2, 1, 1))]
 
@@ -67,11 +69,12 @@ def _work(rank, world, hidden, dp, grid, repeats):
         "median_s": sorted(v["times"])[len(v["times"]) // 2]} for k, v in out.items()}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    add_out_argument(p)
+    args = p.parse_args(argv)
     rows = []
     for hidden, dp, grid in CONFIGS:
         world = dp * grid[0] * grid[1] * grid[2]
@@ -83,6 +86,7 @@ def main() -> None:
             row[kind + "_MB"] = ranks[0][kind]["bytes"] / 1e6
         row["speedup"] = row["per_block_ms"] / row["coalesced_ms"]
         rows.append(row)
+    write_result("fourd_reduce", {"rows": rows}, args.out, indent=2)
     if args.json:
         print(json.dumps({"rows": rows}, indent=2))
         return

@@ -3,11 +3,11 @@
 
 Usage::
 
-    python benchmarks/fullgraph.py --quick            # ~50k nodes smoke run (~1 min)
-    python benchmarks/fullgraph.py                    # 1M nodes, ~10M edges, GCN, P in {2, 4}
-    python benchmarks/fullgraph.py --model sage --epochs 2
-    python benchmarks/fullgraph.py --aggregation post # cut edges post-aggregated only
-    python benchmarks/fullgraph.py --json | jq .runs  # only the JSON on stdout
+    python -m benchmarks fullgraph --quick            # ~50k nodes smoke run (~1 min)
+    python -m benchmarks fullgraph                    # 1M nodes, ~10M edges, GCN, P in {2, 4}
+    python -m benchmarks fullgraph --model sage --epochs 2
+    python -m benchmarks fullgraph --aggregation post # cut edges post-aggregated only
+    python -m benchmarks fullgraph --json | jq .runs  # only the JSON on stdout
 
 (``benchmarks/aggregation.py`` compares the post / pre / hybrid aggregation modes with
 this file's launcher and worker.)
@@ -72,8 +72,10 @@ from typing import Any, Dict, List, Optional
 # NOTE: no torch import at module level.  Spawned children import this file as
 # ``__mp_main__``; importing torch here would hide the interpreter baseline.
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_RESULTS = REPO / "benchmarks" / "results"
+from ._common import REPO, add_out_argument, default_results_root, result_path  # noqa: F401  (stdlib only)
+
+#: Where the saved graph and partitions live by default (``cache/``), beside the results.
+DEFAULT_RESULTS = default_results_root()
 TARGET_PARTS = 4
 TARGET_RATIO = 0.40
 MiB = 1024.0 * 1024.0
@@ -644,10 +646,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                      f"{TARGET_RATIO:.0%} of the single-process peak'."),
         epilog=(
             "examples:\n"
-            "  python benchmarks/fullgraph.py --quick              # ~50k nodes smoke run\n"
-            "  python benchmarks/fullgraph.py                      # 1M nodes, GCN, P in {2,4}\n"
-            "  python benchmarks/fullgraph.py --model sage --epochs 2\n"
-            "  python benchmarks/fullgraph.py --json | jq .target  # JSON only on stdout\n\n"
+            "  python -m benchmarks fullgraph --quick              # ~50k nodes smoke run\n"
+            "  python -m benchmarks fullgraph                      # 1M nodes, GCN, P in {2,4}\n"
+            "  python -m benchmarks fullgraph --model sage --epochs 2\n"
+            "  python -m benchmarks fullgraph --json | jq .target  # JSON only on stdout\n\n"
             "Each configuration runs in freshly spawned processes launched from a parent that\n"
             "never imports torch (a fork+exec'd child's ru_maxrss starts at the parent's RSS).\n"
             "Threads: each of P processes uses max(1, cores // P) threads; with P > cores the\n"
@@ -702,8 +704,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="smoke run: 50,000 nodes (overrides --nodes)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_RESULTS / "cache",
                    help="where the saved graph and the partitions live (reused across runs)")
-    p.add_argument("--out", type=Path, default=DEFAULT_RESULTS / "fullgraph.json",
-                   help="JSON result file")
+    add_out_argument(p, file_ok=True)
     p.add_argument("--json", action="store_true",
                    help="print the JSON result to stdout (tables and progress go to stderr)")
     p.add_argument("--timeout", type=float, default=1800.0,
@@ -917,9 +918,9 @@ def main(argv=None) -> int:
                              "ratio": ratio, "met": ratio <= TARGET_RATIO}
 
     log(format_report(res))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=1))
-    log(f"[out] wrote {args.out}")
+    out = result_path("fullgraph", args.out)
+    out.write_text(json.dumps(res, indent=1))
+    log(f"[out] wrote {out}")
     if args.json:
         print(json.dumps(res, indent=1))
     return 0

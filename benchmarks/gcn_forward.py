@@ -5,10 +5,10 @@ forward (``APPNP``, ``TAGConv``, ``SGConv``, ``GCN2Conv``) with and without the 
 
 Usage::
 
-    python benchmarks/gcn_forward.py                  # layer (500k/8M) and 2-layer model (1M/16M)
-    python benchmarks/gcn_forward.py --cases model    # only the 2-layer training step
-    python benchmarks/gcn_forward.py --json           # only the JSON on stdout
-    python benchmarks/gcn_forward.py --cases appnp tag sg gcn2   # the memo in other layers
+    python -m benchmarks gcn_forward                  # layer (500k/8M) and 2-layer model (1M/16M)
+    python -m benchmarks gcn_forward --cases model    # only the 2-layer training step
+    python -m benchmarks gcn_forward --json           # only the JSON on stdout
+    python -m benchmarks gcn_forward --cases appnp tag sg gcn2   # the memo in other layers
 
 With the kernels on (``kernels.use("auto")``) a ``GCNConv`` runs the forward of
 :mod:`lightning_fullgraph.kernels.gcn`: ``gcn_norm``'s result kept per input graph, the bias
@@ -45,11 +45,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ._common import add_out_argument, write_result
 
 CASES = ("layer", "model", "appnp", "tag", "sg", "gcn2")
 #: Layer cases besides GCNConv (see the module docstring).
@@ -107,7 +105,8 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
     import torch.nn.functional as F
 
     import lightning_fullgraph.kernels as K
-    from kernels import power_law_graph, spread
+    from ._common import spread
+    from .kernels import power_law_graph
     from lightning_fullgraph.kernels import gcn, kept
 
     torch.manual_seed(seed)
@@ -178,7 +177,7 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
         times = rotate(contenders, rounds)
         profiles = None
         if profile:
-            from layers import profile_step
+            from .layers import profile_step
             profiles = {"ours": profile_step(lambda: step(True)),
                         "pyg_forward": profile_step(lambda: step(False))}
         for conv, forward in zip(convs, ours):
@@ -215,6 +214,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also one step of each under torch.profiler (top ops)")
     parser.add_argument("--json", action="store_true", help="only the JSON on stdout")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     rows = []
     for case in args.cases:
@@ -223,6 +223,7 @@ def main(argv=None) -> int:
         rows.append(run(case, nodes, edges, args.features, args.hidden, args.classes,
                         args.rounds, profile=args.profile))
     print(json.dumps(rows, indent=2))
+    write_result("gcn_forward", rows, args.out)
     if not args.json:
         print("| case | graph | kernels' forward | PyG's forward | gain | kernels' forward, PyG's order "
               "| reorder gain | max abs diff | memo MiB | kept aggregates MiB |\n"

@@ -8,19 +8,20 @@ hybrid = the exact vertex cover). Rows only: no training processes.
 
 Usage::
 
-    python benchmarks/hosts.py                       # Cora and the 1M-node synthetic graph
-    python benchmarks/hosts.py --nodes 100000 --configs 4x2,8x2 --objectives vol
+    python -m benchmarks hosts                       # Cora and the 1M-node synthetic graph
+    python -m benchmarks hosts --nodes 100000 --configs 4x2,8x2 --objectives vol
 
-Prints a table (stderr) and a JSON document (stdout, ``--out`` file too).
+Prints a table (stderr) and a JSON document (stdout, and a file in the results directory).
 """
 import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import torch
+
+from ._common import add_out_argument, write_result
 
 __all__ = ["main"]
 
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--classes", type=int, default=16, help="synthetic classes (communities)")
     p.add_argument("--configs", default="4x2,8x2,8x4", help="PxH pairs (ranks x hosts)")
     p.add_argument("--objectives", default="vol,cut", help="METIS objectives")
-    p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    add_out_argument(p, file_ok=True)
     args = p.parse_args(argv)
     from lightning_fullgraph.data import load_cora, synthetic_graph
     results = []
@@ -95,9 +96,8 @@ def main(argv=None) -> int:
           "flat, host-aware | METIS seconds: flat, host-aware", file=sys.stderr)
     doc = {"threads": torch.get_num_threads(), "results": results}
     text = json.dumps(doc, indent=2)
-    if args.out:
-        args.out.write_text(text)
     print(text)
+    write_result("hosts", doc, args.out, indent=2)
     return 0
 
 

@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/huge_pages.py                     # 500k nodes / 8M edges, F=128
-    python benchmarks/huge_pages.py --nodes 20000 --edges 200000 --rounds 1 --repeats 1  # smoke
+    python -m benchmarks huge_pages                     # 500k nodes / 8M edges, F=128
+    python -m benchmarks huge_pages --nodes 20000 --edges 200000 --rounds 1 --repeats 1  # smoke
 
 Separate processes are a poor A/B for page sizes on a shared machine: the first of two
 identical runs was up to 1.8x slower than the second here (PyG's GCNConv step, 4 KiB pages
@@ -26,19 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from kernels import power_law_graph, timeit  # noqa: E402
-from layers import make_layer, step  # noqa: E402
+import lightning_fullgraph.kernels as K
+from lightning_fullgraph.kernels import huge_pages
 
-import lightning_fullgraph.kernels as K  # noqa: E402
-from lightning_fullgraph.kernels import huge_pages  # noqa: E402
+from ._common import add_out_argument, timeit, write_result
+from .kernels import power_law_graph
+from .layers import make_layer, step
 
 SETTINGS = ("off", "on")
 
@@ -133,7 +131,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="off/on alternations")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per contender and round")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the JSON result to this file")
+    p.add_argument("--json", default=None, help="write the JSON result to this file (default: "
+                   "huge_pages-<time>.json in the results directory, see --out)")
+    add_out_argument(p)
     return p.parse_args(argv)
 
 
@@ -146,8 +146,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     print(table(result))
     text = json.dumps(result, indent=1)
     print(text)
-    if args.json:
-        Path(args.json).write_text(text)
+    write_result("huge_pages", result, args.out, path=args.json)
     return result
 
 

@@ -2,12 +2,12 @@
 
 Usage::
 
-    python benchmarks/kernels.py --quick                 # small smoke run (~1 min)
-    python benchmarks/kernels.py                         # 1M nodes / 16M edges, F in {16,64,128,256}
-    python benchmarks/kernels.py --features 128 --json out.json
-    python benchmarks/kernels.py --cases uniform skewed torus --features 128 --plot kernels.png
-    python benchmarks/kernels.py --replot out.json --plot kernels.png   # table + figure again, no timing
-    python benchmarks/kernels.py --cases uniform skewed --features 128 --baseline 147edf3   # an older kernel beside
+    python -m benchmarks kernels --quick                 # small smoke run (~1 min)
+    python -m benchmarks kernels                         # 1M nodes / 16M edges, F in {16,64,128,256}
+    python -m benchmarks kernels --features 128 --json out.json
+    python -m benchmarks kernels --cases uniform skewed torus --features 128 --plot kernels.png
+    python -m benchmarks kernels --replot out.json --plot kernels.png   # table + figure again, no timing
+    python -m benchmarks kernels --cases uniform skewed --features 128 --baseline 147edf3   # an older kernel beside
 
 For each graph case and feature width F it times a forward and a forward+backward of an
 unweighted sum aggregation (``out[d] = sum_{(s,d)} x[s]``) for every contender (PyG's
@@ -85,6 +85,8 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+
+from ._common import abba, add_out_argument, best_median, result_path, spread, timeit  # noqa: F401  (others import them from here too)
 
 # --------------------------------------------------------------------------- graphs
 
@@ -203,47 +205,6 @@ def mem_available() -> int:
     except OSError:
         pass
     return 1 << 40
-
-
-def timeit(fn: Callable[[], None], repeats: int, warmup: int) -> List[float]:
-    """Wall times of ``repeats`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return times
-
-
-def best_median(times: Optional[List[float]]) -> Tuple[Optional[float], Optional[float]]:
-    """``(min, median)``: the minimum because interference on a shared machine only ever adds
-    time, the median to show how much it did."""
-    if not times:
-        return None, None
-    return min(times), statistics.median(times)
-
-
-def abba(first: Callable[[], float], second: Callable[[], float],
-         rounds: int) -> Tuple[List[float], List[float]]:
-    """Seconds of two contenders (each call returns its own seconds) timed alternately in one
-    process, ``rounds`` rounds in ABBA order: the first of a pair is sometimes faster or slower
-    for reasons of its own (allocation, cache state), so each takes that place equally often."""
-    a, b = [], []
-    for r in range(rounds):
-        if r % 2 == 0:
-            a.append(first())
-            b.append(second())
-        else:
-            b.append(second())
-            a.append(first())
-    return a, b
-
-
-def spread(times: List[float]) -> Dict[str, float]:
-    """``min``, ``median`` and ``mean`` of ``times``."""
-    return {"min": min(times), "median": statistics.median(times), "mean": statistics.mean(times)}
 
 
 def byte_models(csr, f: int, itemsize: int = 4, weighted: bool = False) -> dict:
@@ -908,7 +869,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--e2e-features", type=int, default=128)
     p.add_argument("--e2e-hidden", type=int, default=128)
     p.add_argument("--e2e-epochs", type=int, default=2)
-    p.add_argument("--json", default=None, help="also write the JSON result to this file")
+    p.add_argument("--json", default=None, help="write the JSON result to this file (default: kernels-<time>.json "
+                   "in the results directory, see --out)")
+    add_out_argument(p)
     p.add_argument("--plot", default=None, help="write the bandwidth / speed-up figure (PNG) to this file")
     p.add_argument("--no-print-json", action="store_true", help="do not print the JSON result")
     p.add_argument("--replot", metavar="JSON", default=None,
@@ -940,10 +903,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
     e2e: List[dict] = []
     result = dict(machine=info, cases=case_info, aggregation=rows, end_to_end=e2e)
 
+    json_path = args.json or str(result_path("kernels", args.out))
+
     def save() -> None:  # after every case, so a late OOM kill keeps the earlier results
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(result, fh, indent=1)
+        with open(json_path, "w") as fh:
+            json.dump(result, fh, indent=1)
 
     if not args.no_agg:
         print(HEADER)
@@ -964,6 +928,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     if not args.no_print_json:
         print(json.dumps(result, indent=1))
     save()
+    print(f"# result: {json_path}", file=sys.stderr)
     return result
 
 

@@ -2,9 +2,9 @@
 
 Usage::
 
-    python benchmarks/layers.py                                    # 500k nodes / 8M edges, F=128
-    python benchmarks/layers.py --nodes 20000 --edges 200000 --repeats 1   # tiny smoke run
-    python benchmarks/layers.py --layers sage --json out.json --no-profile
+    python -m benchmarks layers                                    # 500k nodes / 8M edges, F=128
+    python -m benchmarks layers --nodes 20000 --edges 200000 --repeats 1   # tiny smoke run
+    python -m benchmarks layers --layers sage --json out.json --no-profile
 
 For each layer (``GCNConv(F, F)``, ``SAGEConv(F, F)``, as PyG ships them) one *step* is a
 forward and a backward with a fixed random upstream gradient::
@@ -74,17 +74,15 @@ import platform
 import sys
 import time
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-sys.path.insert(0, str(Path(__file__).parent))
-from kernels import (best_median, cache_bytes, hot_set_fraction, mem_available, power_law_graph,  # noqa: E402
-                     row_read_floor, timeit)
+import lightning_fullgraph.kernels as K
 
-import lightning_fullgraph.kernels as K  # noqa: E402
+from ._common import add_out_argument, best_median, result_path, timeit
+from .kernels import cache_bytes, hot_set_fraction, mem_available, power_law_graph, row_read_floor
 
 VARIANTS = ("pyg", "ours", "no_aggregation", "no_aggregation_ours", "row_read_floor")
 LAYERS = ("gcn", "sage")
@@ -481,7 +479,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skew-src", type=float, default=2.0, help="source degree skew (see kernels.power_law_graph)")
     p.add_argument("--skew-dst", type=float, default=2.0, help="destination degree skew")
-    p.add_argument("--json", default=None, help="also write the JSON result to this file")
+    p.add_argument("--json", default=None, help="write the JSON result to this file (default: layers-<time>.json "
+                   "in the results directory, see --out)")
+    add_out_argument(p)
     p.add_argument("--no-print-json", action="store_true", help="do not print the JSON result")
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler breakdown")
     p.add_argument("--autocast", choices=("none", "bf16"), default="none",
@@ -511,10 +511,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
     rows: List[dict] = []
     result = dict(machine=info, graph=graph, dense_reference=dense, layers=rows)
 
+    json_path = args.json or str(result_path("layers", args.out))
+
     def save() -> None:  # after every layer, so a late OOM kill keeps the earlier results
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(result, fh, indent=1)
+        with open(json_path, "w") as fh:
+            json.dump(result, fh, indent=1)
 
     print(HEADER, flush=True)
     for layer in args.layers:
@@ -530,6 +531,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     if not args.no_print_json:
         print(json.dumps(result, indent=1))
     save()
+    print(f"# result: {json_path}", file=sys.stderr)
     return result
 
 

@@ -3,9 +3,9 @@
 
 Usage::
 
-    python benchmarks/planner.py                      # Cora + synthetic 200K nodes, P = 2, 4
-    python benchmarks/planner.py --quick              # Cora only, P = 2
-    python benchmarks/planner.py --json > out.json    # only the JSON on stdout
+    python -m benchmarks planner                      # Cora + synthetic 200K nodes, P = 2, 4
+    python -m benchmarks planner --quick              # Cora only, P = 2
+    python -m benchmarks planner --json > out.json    # only the JSON on stdout
 
 For every dataset and part count P the graph is partitioned (the library's partition cache),
 the model is profiled once per aggregation mode in this process
@@ -58,11 +58,10 @@ import math
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, List
 from lightning_fullgraph.engine import ExchangeConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ._common import add_out_argument, write_result
 
 MODES = ("post", "pre", "hybrid")
 DATASETS = ("cora", "synthetic:nodes=200000,degree=10")
@@ -326,6 +325,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--quick", action="store_true", help="Cora only, P = 2")
     parser.add_argument("--json", action="store_true", help="only the JSON on stdout")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     datasets = ["cora"] if args.quick else [d for d in args.datasets.split(";") if d.strip()]
     parts = [2] if args.quick else [int(p) for p in args.parts.split(",")]
@@ -334,6 +334,7 @@ def main(argv=None) -> int:
                 replays=args.replays)
     result = run(datasets, parts, spec, args.cache_dir)
     print(json.dumps(result, indent=2), flush=True)
+    write_result("planner", result, args.out)
     if not args.json:
         print(table(result), flush=True)
     return 0

@@ -3,10 +3,10 @@
 
 Usage::
 
-    python benchmarks/quantization.py                          # everything below (~80 min here)
-    python benchmarks/quantization.py --seeds 0 1 --models gcn --epochs 200
-    python benchmarks/quantization.py --skip-accuracy --skip-synthetic-training  # planner bytes
-    python benchmarks/quantization.py --json > out.json        # only the JSON on stdout
+    python -m benchmarks quantization                          # everything below (~80 min here)
+    python -m benchmarks quantization --seeds 0 1 --models gcn --epochs 200
+    python -m benchmarks quantization --skip-accuracy --skip-synthetic-training  # planner bytes
+    python -m benchmarks quantization --json > out.json        # only the JSON on stdout
 
 **Accuracy on Cora** (``--parts`` processes): every (model, configuration, seed) is one
 ``lightning-fullgraph train --json`` run (hybrid aggregation, the README's recipe: 200 epochs,
@@ -40,11 +40,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from training_runs import Runs, compare, table  # noqa: E402
+from ._common import add_out_argument, default_results_root, write_result
+from .training_runs import Runs, compare, table
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2", "int1", "adaptive")
 #: Configuration name -> ``train`` flags.
@@ -93,7 +90,7 @@ def _table(acc: List[Dict], syn: List[Dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="cora")
     p.add_argument("--parts", type=int, default=4)
@@ -109,14 +106,15 @@ def main() -> None:
                    help="synthetic graph trained on for accuracy and measured bytes")
     p.add_argument("--synthetic-epochs", type=int, default=30)
     p.add_argument("--synthetic-seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--runs", default=str(ROOT / "benchmarks" / "results" / "quantization.jsonl"),
+    p.add_argument("--runs", default=str(default_results_root() / "quantization.jsonl"),
                    help="JSON-lines file of finished runs, reused by later invocations "
-                        "('' to keep none)")
+                        "('' to keep none; default in the results directory)")
     p.add_argument("--skip-accuracy", action="store_true")
     p.add_argument("--skip-synthetic-training", action="store_true")
     p.add_argument("--skip-synthetic", action="store_true")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    add_out_argument(p)
+    args = p.parse_args(argv)
     if "fp32" not in args.configs:
         args.configs.insert(0, "fp32")
     runs = Runs(Path(args.runs) if args.runs else None)
@@ -132,6 +130,7 @@ def main() -> None:
                        args.synthetic_seeds, args.synthetic_epochs, args.hidden)
     syn = [] if args.skip_synthetic else synthetic_bytes(args, say)
     result = {"accuracy": acc, "synthetic": syn, "parts": args.parts, "epochs": args.epochs}
+    write_result('quantization', result, args.out, indent=2)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

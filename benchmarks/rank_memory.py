@@ -3,8 +3,8 @@
 
 Usage::
 
-    python benchmarks/fullgraph.py --kernels auto --aggregation hybrid --parts 4 --validate
-    python benchmarks/rank_memory.py --partition-dir /tmp/fgcache/partitions/<graph>-p4-<opts>
+    python -m benchmarks fullgraph --kernels auto --aggregation hybrid --parts 4 --validate
+    python -m benchmarks rank_memory --partition-dir /tmp/fgcache/partitions/<graph>-p4-<opts>
 
 Runs the training loop of ``benchmarks/fullgraph.py`` (2-layer GCN or SAGE, hidden 128, Adam,
 the engine with the kernels, a validation forward after every step) on a partition that
@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 from lightning_fullgraph.engine import ExchangeConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ._common import add_out_argument, write_result
 
 
 def _rss_mib() -> float:
@@ -94,7 +93,7 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     import torch.nn.functional as F
     from torch_geometric import nn as pyg_nn
 
-    from fullgraph import _build_model
+    from .fullgraph import _build_model
     from lightning_fullgraph.engine import FullGraphEngine
     from lightning_fullgraph.kernels import huge_pages
     from lightning_fullgraph.partition import load_partition
@@ -198,6 +197,7 @@ def main(argv=None) -> int:
                         help="each epoch's forward/backward/validation phases apart (e.g. the "
                              "first epoch, which builds the caches, against the later ones)")
     parser.add_argument("--json", action="store_true", help="only the JSON on stdout")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     from lightning_fullgraph.partition import read_manifest
     from lightning_fullgraph.testing import run_distributed
@@ -211,6 +211,7 @@ def main(argv=None) -> int:
     result = run_distributed(_train, world, cfg, timeout_s=1800)[args.rank]
     result.update(parts=world, **{k: v for k, v in cfg.items() if k != "rank"})
     print(json.dumps(result, indent=2))
+    write_result('rank_memory', result, args.out)
     if args.json:
         return 0
     print(f"\nrank {args.rank} of {world}: peak VmRSS (MiB) by phase, in order of first sample")

@@ -4,8 +4,8 @@ system seconds and page faults per epoch on every rank.
 
 Usage::
 
-    python benchmarks/fullgraph.py --kernels auto --parts 4
-    python benchmarks/rank_profile.py --partition-dir /tmp/fgcache/partitions/<graph>-p4-<opts>
+    python -m benchmarks fullgraph --kernels auto --parts 4
+    python -m benchmarks rank_profile --partition-dir /tmp/fgcache/partitions/<graph>-p4-<opts>
 
 Runs the training loop of ``benchmarks/fullgraph.py`` (2-layer GCN or SAGE, hidden 128, Adam,
 the engine with the kernels) on a partition that script wrote, one gloo process per part, one
@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ._common import add_out_argument, write_result
 
 #: The halo exchange's autograd functions, as the profiler names them (and their backwards).
 EXCHANGE_OPS = ("_HaloRows", "_HaloRecv", "_PreRows")
@@ -48,7 +47,7 @@ def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
     from torch_geometric import nn as pyg_nn
 
-    from fullgraph import _build_model
+    from .fullgraph import _build_model
     from lightning_fullgraph.engine import FullGraphEngine
     from lightning_fullgraph.kernels import huge_pages
     from lightning_fullgraph.partition import load_partition
@@ -135,6 +134,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=25, help="operators listed")
     parser.add_argument("--num-classes", type=int, default=16)
     parser.add_argument("--json", action="store_true", help="only the JSON on stdout")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     from lightning_fullgraph.kernels.huge_pages import _parse_bytes
     from lightning_fullgraph.partition import read_manifest
@@ -163,6 +163,7 @@ def main(argv=None) -> int:
          for k in ("user_s", "sys_s", "page_faults")}
         | {"wall_s_slowest": max(r["epochs"][i]["wall_s"] for r in ranks)} for i in range(n)]
     print(json.dumps(result, indent=2))
+    write_result('rank_profile', result, args.out)
     if args.json:
         return 0
     print(f"\n{world} ranks x 1 thread; per timed step: slowest rank's wall s; user s, "

@@ -3,8 +3,8 @@
 
 Usage::
 
-    python benchmarks/sage_fusion.py                 # SAGEConv(128, 128), 500k nodes / 8M edges
-    python benchmarks/sage_fusion.py --json          # only the JSON on stdout
+    python -m benchmarks sage_fusion                 # SAGEConv(128, 128), 500k nodes / 8M edges
+    python -m benchmarks sage_fusion --json          # only the JSON on stdout
 
 With the kernels on (``kernels.use("auto")``) a ``SAGEConv`` runs
 ``lin_l(aggregate(x)).addmm_(x_r, W_r^T)`` (:mod:`lightning_fullgraph.kernels.sage`) instead of
@@ -20,10 +20,8 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ._common import add_out_argument, write_result
 
 
 def run(nodes: int, edges: int, features: int, rounds: int, seed: int = 0) -> dict:
@@ -31,7 +29,8 @@ def run(nodes: int, edges: int, features: int, rounds: int, seed: int = 0) -> di
     from torch_geometric.nn import SAGEConv
 
     import lightning_fullgraph.kernels as K
-    from kernels import abba, power_law_graph, spread
+    from ._common import abba, spread
+    from .kernels import power_law_graph
 
     torch.manual_seed(seed)
     ei = power_law_graph(nodes, edges, src_skew=2.0, dst_skew=2.0, seed=seed)
@@ -80,9 +79,11 @@ def main(argv=None) -> int:
     parser.add_argument("--features", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=8, help="ABBA rounds (both ways each)")
     parser.add_argument("--json", action="store_true", help="only the JSON on stdout")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     row = run(args.nodes, args.edges, args.features, args.rounds)
     print(json.dumps(row, indent=2))
+    write_result('sage_fusion', row, args.out)
     if not args.json:
         print(f"SAGEConv({args.features}, {args.features}) fwd+bwd, {args.nodes:,} nodes / "
               f"{args.edges:,} edges, median of {args.rounds}: fused "

@@ -3,9 +3,9 @@
 
 Usage::
 
-    python benchmarks/stale_halos.py                       # Cora (5 seeds) + synthetic, P=4
-    python benchmarks/stale_halos.py --seeds 0 --models gcn --skip-synthetic
-    python benchmarks/stale_halos.py --json > out.json     # only the JSON on stdout
+    python -m benchmarks stale_halos                       # Cora (5 seeds) + synthetic, P=4
+    python -m benchmarks stale_halos --seeds 0 --models gcn --skip-synthetic
+    python -m benchmarks stale_halos --json > out.json     # only the JSON on stdout
 
 Every (model, configuration, seed) is one ``lightning-fullgraph train --json`` run with
 hybrid aggregation (the README's recipe on Cora: 200 epochs, hidden 16, dropout 0.5; on the
@@ -47,11 +47,8 @@ import sys
 from pathlib import Path
 from typing import Dict, Tuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from training_runs import Runs, compare, table  # noqa: E402
+from ._common import add_out_argument, default_results_root, write_result
+from .training_runs import Runs, compare, table
 
 #: Configuration name -> ``train`` flags.
 CONFIGS: Dict[str, Tuple[str, ...]] = {
@@ -69,7 +66,7 @@ CONFIGS: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="cora")
     p.add_argument("--parts", type=int, default=4)
@@ -91,11 +88,12 @@ def main() -> None:
                         "skip little: --dropout 0 shows the regime CDFGNN measures")
     p.add_argument("--skip-cora", action="store_true")
     p.add_argument("--skip-synthetic", action="store_true")
-    p.add_argument("--runs", default=str(ROOT / "benchmarks" / "results" / "quantization.jsonl"),
+    p.add_argument("--runs", default=str(default_results_root() / "quantization.jsonl"),
                    help="JSON-lines file of finished runs, reused by later invocations "
-                        "('' to keep none)")
+                        "('' to keep none; default in the results directory)")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    add_out_argument(p)
+    args = p.parse_args(argv)
     if "fp32" not in args.configs:
         args.configs.insert(0, "fp32")
     runs = Runs(Path(args.runs) if args.runs else None)
@@ -113,6 +111,7 @@ def main() -> None:
         rows += compare(runs, args.parts, say, args.synthetic, args.models, configs,
                         args.synthetic_seeds, args.synthetic_epochs, args.hidden, extra, suffix)
     result = {"rows": rows, "parts": args.parts}
+    write_result('stale_halos', result, args.out, indent=2)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

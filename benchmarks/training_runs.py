@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
+from ._common import REPO as ROOT
 
 __all__ = ["Runs", "train", "compare", "table"]
 

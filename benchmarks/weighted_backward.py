@@ -3,9 +3,9 @@
 
 Usage::
 
-    python benchmarks/weighted_backward.py              # 500k/8M power-law, 1M/16M uniform
-    python benchmarks/weighted_backward.py --cases uniform --rounds 20
-    python benchmarks/weighted_backward.py --json                # only the JSON on stdout
+    python -m benchmarks weighted_backward              # 500k/8M power-law, 1M/16M uniform
+    python -m benchmarks weighted_backward --cases uniform --rounds 20
+    python -m benchmarks weighted_backward --json                # only the JSON on stdout
 
 The backward of a weighted sum aggregation (``GCNConv``'s normalised edges) is a sum over the
 transposed CSR whose edge ``t`` carries the forward's CSR-order weight ``w[t_perm[t]]``. Two
@@ -26,10 +26,8 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ._common import add_out_argument, write_result
 
 CASES = {"power-law": (500_000, 8_000_000), "uniform": (1_000_000, 16_000_000)}
 
@@ -37,7 +35,8 @@ CASES = {"power-law": (500_000, 8_000_000), "uniform": (1_000_000, 16_000_000)}
 def run_case(name: str, features: int, rounds: int, scale: float = 1.0, seed: int = 0) -> dict:
     import torch
 
-    from kernels import abba, power_law_graph, spread
+    from ._common import abba, spread
+    from .kernels import power_law_graph
     from lightning_fullgraph.kernels import ops
     from lightning_fullgraph.kernels.csr import get_csr
 
@@ -84,6 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="nodes and edges times this (e.g. 0.001 for a smoke run)")
     parser.add_argument("--json", action="store_true", help="only the JSON on stdout")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     from lightning_fullgraph.kernels import cpp
     if cpp.load() is None:
@@ -91,6 +91,7 @@ def main(argv=None) -> int:
         return 2
     rows = [run_case(c, args.features, args.rounds, args.scale) for c in args.cases]
     print(json.dumps({"rows": rows}, indent=2))
+    write_result('weighted_backward', {"rows": rows}, args.out)
     if not args.json:
         print(f"{'case':<10} {'nodes / edges':>20} {'identical':>9} {'fused med s':>11} "
               f"{'gathered med s':>14} {'gathered/fused':>14}")

@@ -20,7 +20,7 @@ class LocalityOrder(BaseTransform):
     on every call, which costs about as much as the reordered aggregation; data kept in the
     order needs neither: on a 1M-node / 16M-edge shuffled torus the forward aggregation ran
     3.9x faster in the order than in the shuffled ids, against 1.8x with the per-call
-    permutations (``benchmarks/results/kernels-roofline-torus-kernel-only.log``). Every node-level attribute (``x``, ``y``, masks, ...) is permuted, ``edge_index``
+    permutations (``python -m benchmarks kernels``; log ``kernels-roofline-torus-kernel-only.log`` in the git history of ``benchmarks/results/``). Every node-level attribute (``x``, ``y``, masks, ...) is permuted, ``edge_index``
     renumbered (edges keep their order, so edge attributes stay aligned), and ``n_id`` holds the
     original id of every node (composed with an existing ``n_id``), e.g. to map predictions back:
     ``out[data.n_id.argsort()]`` is in the original order.

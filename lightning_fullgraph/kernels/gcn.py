@@ -4,7 +4,7 @@ an input without gradient aggregated first.
 PyG's ``GCNConv`` (``cached=False``, its default) calls ``gcn_norm`` on every forward: a
 self-loop mask and a concatenation over the edges, a degree scatter, two gathers and products
 per edge.  With the aggregation on the kernels that is a large cost left beside the products
-(``benchmarks/gcn_forward.py --profile`` shows it; the README has the numbers).  With the
+(``python -m benchmarks gcn_forward --profile`` shows it; the README has the numbers).  With the
 kernels on, an unmodified ``GCNConv`` gets a forward that differs from PyG's in these places
 only:
 

@@ -3,7 +3,7 @@
 In 4 KiB pages every large tensor costs a page fault per 4 KiB the first time it is written
 (each step: glibc maps such tensors afresh), and an aggregation over a graph without locality,
 which reads one random source row per edge, can miss the TLB on most rows (not measured with
-counters). Measured on this project's 2-core machine (README, ``benchmarks/huge_pages.py``):
+counters). Measured on this project's 2-core machine (README, ``python -m benchmarks huge_pages``):
 an unmodified ``GCNConv(128, 128)`` step on 0.5M nodes / 8M edges takes 1.35 s in 4 KiB pages
 and 1.17 s in huge pages on our kernels (PyG's own path 8.96 and 4.93 s), the C++ sum over a
 uniform 1M nodes / 16M edges graph 0.65 and 0.53 s forward. torch allocates large tensors in
@@ -44,7 +44,7 @@ strategy, load it inside ``use_huge_pages()``.
 **Block cache (on with the allocator).** Without it every large block is unmapped when freed, so
 the tensor that takes its place in the next training step starts in fresh pages: a page
 fault per 2 MiB and the kernel zeroing it, which on this project's 2-core virtual machine
-cost 0.43-1.12 s of system time per step over four GCN ranks (``benchmarks/rank_profile.py
+cost 0.43-1.12 s of system time per step over four GCN ranks (``python -m benchmarks rank_profile
 --block-cache 0``).  The cache keeps the whole huge
 pages of freed blocks, resident, and fills each new large block with them: ``mremap()``
 moves the page tables, not the data, so any freed pages can fill a block of any length (the
@@ -56,7 +56,7 @@ CUDA caching allocator does.  :func:`~.csr.clear_cache` and turning the allocato
 the cached pages back; :func:`set_block_cache` (or the environment variable
 ``LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE``, bytes with an optional ``K``/``M``/``G`` suffix,
 read at import) caps it, ``0`` turns it off.  The default cap is the machine's memory: the
-live-peak rule is the bound.  Measured (README; ``benchmarks/fullgraph.py --parts 4
+live-peak rule is the bound.  Measured (README; ``python -m benchmarks fullgraph --parts 4
 --block-cache-ab``): a 2-layer GCN at P = 4 on 1M nodes / 10M edges 1.36x per epoch
 (GraphSAGE 1.62x), the ranks' peaks not raised.
 """

@@ -5,7 +5,7 @@ an :math:`N \times F_{out}` tensor, then an add reading both and writing a third
 kernels on, the layer's forward runs ``lin_l(aggregate(x)).addmm_(x_r, W_r^T)`` instead: the
 second product accumulates into the first one's fresh output (BLAS with :math:`\beta = 1`),
 equal within floating-point reassociation -- one :math:`N \times F_{out}` tensor and one pass
-over it fewer, forward and backward alike (``benchmarks/sage_fusion.py`` times both).
+over it fewer, forward and backward alike (``python -m benchmarks sage_fusion`` times both).
 
 A narrowing layer (:math:`F_{out} < F_{in}`) with sum or mean aggregation maps its rows before
 aggregating them (:mod:`.sage_reorder`).

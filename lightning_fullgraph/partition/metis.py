@@ -43,8 +43,8 @@ _METIS_NOPTIONS = 40
 # the total communication volume, i.e. the number of (node, other part) pairs
 # with an edge between them -- exactly the halo rows the post-aggregation mode
 # sends. "vol" gives 3-10 % fewer post rows and 4-17 % fewer hybrid rows on Cora and
-# the 1M-node synthetic graph at P = 2, 4, 8 (benchmarks/aggregation.py --partition-only),
-# for a slower METIS (benchmarks/hosts.py prints its seconds per objective).
+# the 1M-node synthetic graph at P = 2, 4, 8 (python -m benchmarks aggregation --partition-only),
+# for a slower METIS (python -m benchmarks hosts prints its seconds per objective).
 OBJECTIVES = {"cut": 0, "vol": 1}
 DEFAULT_OBJECTIVE = "vol"
 

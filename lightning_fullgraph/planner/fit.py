@@ -4,7 +4,7 @@ r"""The link as training meets it: latency and bandwidth fitted to the exchanges
 share cores with their own threads and the backend's (two processes on two cores here),
 exchanges inside training cost more than the ping-pong sees: a rank leaves compute for the
 exchange, its peer's threads and its own are woken, and some of those wake-ups wait for a
-scheduler slice of milliseconds.  Measured at P = 2 on Cora (``benchmarks/planner.py``),
+scheduler slice of milliseconds.  Measured at P = 2 on Cora (``python -m benchmarks planner``),
 training's exchanges took 1.2-2.4x the ping-pong's prediction, run after run, while the same
 exchanges replayed back to back took what it predicted.
 

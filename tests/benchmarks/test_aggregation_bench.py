@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/aggregation.py``: the quick mode's plan-level part.
+"""Smoke test of ``python -m benchmarks aggregation``: the quick mode's plan-level part.
 
 Runs the script as a user would (a subprocess, ``--json``) on Cora and a tiny synthetic graph,
 without training processes, and checks that its JSON is self-consistent.
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "aggregation.py"
+SCRIPT = ["-m", "benchmarks", "aggregation"]  # run from the repository root (cwd=REPO)
 
 
 def test_gcn_epoch_bytes_formula(load_benchmark):
@@ -38,7 +38,7 @@ def test_gcn_epoch_bytes_formula(load_benchmark):
 def test_quick_partition_only(tmp_path):
     out = tmp_path / "aggregation.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--partition-only", "--json",
+        [sys.executable, *SCRIPT, "--quick", "--partition-only", "--json",
          "--nodes", "3000", "--parts", "2,4", "--cache-dir", str(tmp_path / "cache"),
          "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=REPO)

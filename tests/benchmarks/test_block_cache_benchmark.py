@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/block_cache.py`` on a tiny graph: both settings run in one
+"""Smoke test of ``python -m benchmarks block_cache`` on a tiny graph: both settings run in one
 process and in fresh ones, the cache really reuses blocks, and the results are reported."""
 import json
 import subprocess
@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "block_cache.py"
+SCRIPT = ["-m", "benchmarks", "block_cache"]  # run from the repository root (cwd=REPO)
 
 
 def test_tiny_run():
     from lightning_fullgraph.kernels import huge_pages
     if huge_pages._why_not() is not None or huge_pages._torch_does_it():
         pytest.skip("no huge-page allocator on this machine: nothing to cache")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--nodes", "20000", "--edges", "200000",
+    proc = subprocess.run([sys.executable, *SCRIPT, "--nodes", "20000", "--edges", "200000",
                            "--rounds", "2", "--peak-steps", "2", "--limit", "256M"],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""``benchmarks/fullgraph.py --block-cache-ab``: which timed epochs run with the block cache,
+"""``python -m benchmarks fullgraph --block-cache-ab``: which timed epochs run with the block cache,
 which count, and what is refused."""
 import pytest
 

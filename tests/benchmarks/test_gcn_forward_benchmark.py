@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/gcn_forward.py`` on a tiny graph: the forwards run on the same
+"""Smoke test of ``python -m benchmarks gcn_forward`` on a tiny graph: the forwards run on the same
 modules, give the same outputs and gradients (bit for bit, or within reassociation where the
 kernels' forward aggregates first), and are reported."""
 import json
@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "gcn_forward.py"
+SCRIPT = ["-m", "benchmarks", "gcn_forward"]  # run from the repository root (cwd=REPO)
 
 
 def test_tiny_run():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--layer-nodes", "500", "--layer-edges",
+    proc = subprocess.run([sys.executable, *SCRIPT, "--layer-nodes", "500", "--layer-edges",
                            "4000", "--model-nodes", "600", "--model-edges", "5000",
                            "--features", "16", "--hidden", "16", "--classes", "4",
                            "--rounds", "2", "--profile"],
@@ -40,7 +40,7 @@ def test_tiny_run():
 
 
 def test_tiny_run_of_the_other_normalizing_layers():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--cases", "appnp", "tag", "sg", "gcn2",
+    proc = subprocess.run([sys.executable, *SCRIPT, "--cases", "appnp", "tag", "sg", "gcn2",
                            "--layer-nodes", "500", "--layer-edges", "4000", "--features", "16",
                            "--rounds", "1"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)

@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/huge_pages.py`` on a tiny graph: it runs end to end, really
+"""Smoke test of ``python -m benchmarks huge_pages`` on a tiny graph: it runs end to end, really
 switches the allocator off and on in every round, and reports what it timed."""
 import json
 import subprocess
@@ -11,7 +11,7 @@ from lightning_fullgraph.kernels import huge_pages
 from tests.kernels.kernel_testutils import cpp_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "huge_pages.py"
+SCRIPT = ["-m", "benchmarks", "huge_pages"]  # run from the repository root (cwd=REPO)
 
 
 def test_tiny_run(tmp_path):
@@ -20,7 +20,7 @@ def test_tiny_run(tmp_path):
         pytest.skip("huge pages cannot be switched on this machine")
     out = tmp_path / "hp.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--nodes", "2000", "--edges", "20000", "--features", "16",
+        [sys.executable, *SCRIPT, "--nodes", "2000", "--edges", "20000", "--features", "16",
          "--rounds", "2", "--repeats", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

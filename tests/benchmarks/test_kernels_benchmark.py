@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/kernels.py``: the shuffled torus is reordered for locality, both
+"""Smoke test of ``python -m benchmarks kernels``: the shuffled torus is reordered for locality, both
 orders are timed and give the same result, the JSON, table and figure come out; the row-read
 floor and the hot-set bound are what their definitions say."""
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "kernels.py"
+SCRIPT = ["-m", "benchmarks", "kernels"]  # run from the repository root (cwd=REPO)
 
 
 def test_torus_graph_hides_locality(load_benchmark):
@@ -23,7 +23,7 @@ def test_torus_graph_hides_locality(load_benchmark):
 def test_quick_torus_run(tmp_path):
     out, png = tmp_path / "k.json", tmp_path / "k.png"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--cases", "torus", "--features", "16", "--methods", "ours",
+        [sys.executable, *SCRIPT, "--quick", "--cases", "torus", "--features", "16", "--methods", "ours",
          "ours_own_order", "ours_kernel_in_order", "ours_bf16", "row_read_floor", "--repeats", "1", "--no-e2e",
          "--no-print-json", "--json",
          str(out), "--plot", str(png)],
@@ -47,7 +47,7 @@ def test_quick_torus_run(tmp_path):
     assert "| torus" in proc.stdout and png.stat().st_size > 0
     # the table and figure again from the JSON alone, timing nothing
     png2 = tmp_path / "again.png"
-    again = subprocess.run([sys.executable, str(SCRIPT), "--replot", str(out), "--plot", str(png2)],
+    again = subprocess.run([sys.executable, *SCRIPT, "--replot", str(out), "--plot", str(png2)],
                            capture_output=True, text=True, timeout=120, cwd=REPO)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "| torus" in again.stdout and png2.stat().st_size > 0
@@ -56,7 +56,7 @@ def test_quick_torus_run(tmp_path):
 def test_replot_refuses_a_run_without_aggregation_rows(tmp_path):
     empty = tmp_path / "e2e-only.json"
     empty.write_text(json.dumps({"machine": {}, "cases": [], "aggregation": [], "end_to_end": []}))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--replot", str(empty)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, *SCRIPT, "--replot", str(empty)], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert proc.returncode != 0 and "no aggregation rows" in proc.stderr
 

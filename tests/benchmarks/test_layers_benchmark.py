@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/layers.py`` on a tiny graph: it runs end to end, ours matches PyG,
+"""Smoke test of ``python -m benchmarks layers`` on a tiny graph: it runs end to end, ours matches PyG,
 ours really runs our kernels, and the free-aggregation stand-in is applied and reverted."""
 import json
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "layers.py"
+SCRIPT = ["-m", "benchmarks", "layers"]  # run from the repository root (cwd=REPO)
 
 
 @pytest.mark.parametrize("layer", ["gcn", "sage"])
@@ -28,7 +28,7 @@ def test_free_aggregation_applies_and_reverts(layer, load_benchmark):
 def test_tiny_run(tmp_path):
     out = tmp_path / "layers.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--nodes", "2000", "--edges", "20000", "--repeats", "1", "--json", str(out),
+        [sys.executable, *SCRIPT, "--nodes", "2000", "--edges", "20000", "--repeats", "1", "--json", str(out),
          "--no-print-json"],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

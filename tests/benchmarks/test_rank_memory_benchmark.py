@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/rank_memory.py`` on a tiny 2-part partition: phases, mappings and
+"""Smoke test of ``python -m benchmarks rank_memory`` on a tiny 2-part partition: phases, mappings and
 held tensors are reported for the measuring rank."""
 import json
 import subprocess
@@ -7,12 +7,12 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "rank_memory.py"
+SCRIPT = ["-m", "benchmarks", "rank_memory"]  # run from the repository root (cwd=REPO)
 
 
 def test_tiny_run(tiny_partition):
     pdir = tiny_partition
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--partition-dir", str(pdir),
+    proc = subprocess.run([sys.executable, *SCRIPT, "--partition-dir", str(pdir),
                            "--rank", "1", "--epochs", "2", "--num-classes", "4", "--by-epoch"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

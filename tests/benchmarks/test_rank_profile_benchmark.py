@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/rank_profile.py`` on a tiny 2-part partition: per-step user and
+"""Smoke test of ``python -m benchmarks rank_profile`` on a tiny 2-part partition: per-step user and
 system seconds and page faults of every rank, its block cache, and the measuring rank's
 operators by self CPU time."""
 import json
@@ -10,12 +10,12 @@ import pytest
 
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "rank_profile.py"
+SCRIPT = ["-m", "benchmarks", "rank_profile"]  # run from the repository root (cwd=REPO)
 
 
 def test_tiny_run(tiny_partition):
     pdir = tiny_partition
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--partition-dir", str(pdir),
+    proc = subprocess.run([sys.executable, *SCRIPT, "--partition-dir", str(pdir),
                            "--rank", "1", "--epochs", "2", "--warmup", "1", "--num-classes",
                            "4", "--block-cache", "64M"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)

@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/sage_fusion.py`` on a tiny graph: both forwards run on the
+"""Smoke test of ``python -m benchmarks sage_fusion`` on a tiny graph: both forwards run on the
 same layer, agree, and are reported."""
 import json
 import subprocess
@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "sage_fusion.py"
+SCRIPT = ["-m", "benchmarks", "sage_fusion"]  # run from the repository root (cwd=REPO)
 
 
 def test_tiny_run():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--nodes", "500", "--edges", "4000",
+    proc = subprocess.run([sys.executable, *SCRIPT, "--nodes", "500", "--edges", "4000",
                            "--features", "16", "--rounds", "2"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

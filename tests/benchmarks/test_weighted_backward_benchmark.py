@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/weighted_backward.py`` on tiny graphs: both ways run, give the
+"""Smoke test of ``python -m benchmarks weighted_backward`` on tiny graphs: both ways run, give the
 same bits, and are reported."""
 import json
 import subprocess
@@ -8,12 +8,12 @@ from pathlib import Path
 from tests.kernels.kernel_testutils import cpp_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "weighted_backward.py"
+SCRIPT = ["-m", "benchmarks", "weighted_backward"]  # run from the repository root (cwd=REPO)
 
 
 def test_tiny_run():
     cpp_or_skip()  # a failure under CI, which builds the kernels
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--scale", "0.002", "--rounds", "2",
+    proc = subprocess.run([sys.executable, *SCRIPT, "--scale", "0.002", "--rounds", "2",
                            "--features", "16"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,7 +1,7 @@
 """StepAside: a stage that does not shorten the step is left out, by every rank alike.
 
 The step clock is replaced by one that charges each step by the stages running in it, so the
-decisions are those of known timings; a real run times real steps (benchmarks/cluster.py).
+decisions are those of known timings; a real run times real steps (python -m benchmarks cluster).
 """
 import pytest
 import torch
