@@ -1,0 +1,159 @@
+"""The benchmark suite as a package: ``python -m benchmarks`` lists and runs the topics, no module
+edits ``sys.path``, results go outside the repository, ``benchmarks/results.json`` keeps its
+format and ``curate`` rebuilds an entry of it from a result file."""
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+DATA = Path(__file__).resolve().parent / "data"
+TOPICS = sorted(p.stem for p in BENCH.glob("*.py")
+                if not p.name.startswith("_") and p.stem != "training_runs")
+
+
+def _run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True,
+                          text=True, timeout=120, cwd=REPO, **kw)
+
+
+def test_every_topic_is_a_module_with_main():
+    assert len(TOPICS) == 20
+    for topic in TOPICS:
+        tree = ast.parse((BENCH / f"{topic}.py").read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), topic
+
+
+def test_help_lists_every_topic_with_a_description():
+    proc = _run("--help")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()
+             if line.startswith("  ") and line.strip()}
+    for name in TOPICS + ["curate", "plot"]:
+        assert name in lines, name
+        assert len(lines[name].split()) > 2, lines[name]  # a description after the name
+    assert "training_runs" not in lines
+
+
+def test_unknown_topic_is_refused():
+    proc = _run("no_such_topic")
+    assert proc.returncode == 2 and "unknown topic" in proc.stderr
+
+
+def test_a_topic_runs_and_its_help_names_it():
+    proc = _run("cluster", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m benchmarks cluster")
+    assert "--out DIR" in proc.stdout and "--json-out" in proc.stdout
+
+
+def test_no_module_edits_sys_path():
+    for path in BENCH.glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"sys\.path\.(insert|append|extend)|sys\.path\s*[+]?=", text), path.name
+        # sibling modules are imported as the package's (relative imports), never by bare name
+        tree = ast.parse(text)
+        siblings = {p.stem for p in BENCH.glob("*.py")}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert node.module.split(".")[0] not in siblings, (path.name, node.module)
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert alias.name.split(".")[0] not in siblings, (path.name, alias.name)
+
+
+def test_results_go_outside_the_repository_by_default(monkeypatch, tmp_path):
+    from benchmarks import _common
+    monkeypatch.delenv(_common.RESULTS_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert _common.results_dir() == tmp_path / ".cache" / "lightning-fullgraph" / "benchmarks"
+    monkeypatch.setenv(_common.RESULTS_ENV, str(tmp_path / "env"))
+    assert _common.results_dir() == tmp_path / "env"
+    assert _common.results_dir(tmp_path / "given") == tmp_path / "given"
+    path = _common.write_result("topic", {"a": 1})
+    assert path.parent == tmp_path / "env" and path.name.startswith("topic-") and path.suffix == ".json"
+    assert json.loads(path.read_text()) == {"a": 1}
+    # the topics whose --out named a file keep that meaning for a path ending in .json
+    assert _common.result_path("hosts", tmp_path / "x" / "h.json") == tmp_path / "x" / "h.json"
+
+
+def test_a_topic_writes_its_result_file(results_in_tmp):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "sage_fusion", "--nodes", "300",
+                           "--edges", "2000", "--features", "8", "--rounds", "2", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (written,) = results_in_tmp.glob("sage_fusion-*.json")
+    assert json.loads(written.read_text()) == json.loads(proc.stdout)
+    assert f"# result: {written}" in proc.stderr
+
+
+def test_results_json_format():
+    from benchmarks._curate import REQUIRED, check, dump
+    text = (BENCH / "results.json").read_text()
+    doc = json.loads(text)
+    assert check(doc) == []
+    assert dump(doc) == text  # written by the curate command's dump, one row per line
+    assert len(text.splitlines()) < 400
+    for key, entry in doc.items():
+        for field in REQUIRED:
+            assert entry[field], (key, field)
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", entry["measured"]), key
+        assert entry["command"].startswith(("python -m benchmarks ", "sudo python -m benchmarks ")), key
+        assert all(len(row) == len(entry["columns"]) for row in entry["rows"]), key
+    for topic in ("cluster-sage", "cluster-sage3", "cluster-gcn", "aggregation-rows", "planner",
+                  "quantization-cora", "stale_halos-cora", "kernels", "cora_accuracy",
+                  "fourd-synthetic", "fullgraph"):
+        assert topic in doc, topic
+
+
+def test_check_finds_bad_entries():
+    from benchmarks._curate import check
+    bad = {"t": {"title": "x", "command": "c", "measured": "2026-01-01", "setup": "s",
+                 "columns": ["a", "b"], "rows": [[1]], "extra": 1}}
+    problems = check(bad)
+    assert any("row 0" in p for p in problems) and any("unknown fields" in p for p in problems)
+    assert any("no 'setup'" in p for p in check({"t": {"title": "x"}}))
+
+
+def test_curate_reproduces_the_committed_entry(tmp_path):
+    committed = json.loads((BENCH / "results.json").read_text())
+    results = tmp_path / "results.json"
+    # the entry's hand-written text stays, the rows, command and date come from the file
+    stale = dict(committed["cluster-sage"], rows=[], command="old", measured="2000-01-01")
+    results.write_text(json.dumps({"cluster-sage": stale}))
+    proc = _run("curate", str(DATA / "cluster-sage-narrow.json"), "--topic", "cluster",
+                "--key", "cluster-sage", "--results", str(results))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(results.read_text())["cluster-sage"] == committed["cluster-sage"]
+
+
+def test_curate_refuses_a_topic_without_curator_and_an_entry_without_text(tmp_path):
+    sample = str(DATA / "cluster-sage-narrow.json")
+    proc = _run("curate", sample, "--topic", "kernels", "--results", str(tmp_path / "r.json"))
+    assert proc.returncode != 0 and "no curator" in proc.stderr
+    proc = _run("curate", sample, "--topic", "cluster", "--results", str(tmp_path / "r.json"))
+    assert proc.returncode != 0 and "'title'" in proc.stderr
+    proc = _run("curate", sample, "--topic", "cluster", "--where", "config=int2", "--title", "T",
+                "--setup", "S", "--print")
+    assert proc.returncode == 0, proc.stderr
+    entry = json.loads(proc.stdout)["cluster"]
+    assert [row[1] for row in entry["rows"]] == ["int2"]
+    assert entry["measured"] == "2026-11-28" and "--json-out" not in entry["command"]
+
+
+def test_plot_from_a_result_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "cluster.png"
+    proc = _run("plot", "cluster", str(DATA / "cluster-sage-narrow.json"), "--out", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert png.stat().st_size > 0
+
+
+def test_benchmarks_stay_out_of_the_wheel():
+    text = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'\[tool\.setuptools\.packages\.find\]\s*include = \["lightning_fullgraph\*"\]', text)
