@@ -184,7 +184,7 @@ def modules_binding(function: Callable, prefix: str = "torch_geometric") -> Iter
 # functions to a function's real module globals, which the copy does not see, and models
 # such as LabelPropagation call gcn_norm outside any layer.) Handlers run by priority
 # (lowest first); a handler returns NotImplemented to pass.
-_gcn_norm_original: Any = None
+_gcn_norm_box: dict = {"pyg": None}  # PyG's function, once recorded (the router calls it)
 _gcn_norm_handlers: list = []  # (priority, order, handler)
 _gcn_norm_rebound: list = []  # (module, its function before) where the router is
 _gcn_norm_order = [0]
@@ -194,15 +194,14 @@ _gcn_norm_routes = [0]  # global routes (route_gcn_norm) in effect
 def pyg_gcn_norm() -> Callable:
     r"""PyG's own ``gcn_norm`` (``torch_geometric.nn.conv.gcn_conv.gcn_norm`` as PyG defines
     it), whether or not it is routed now."""
-    global _gcn_norm_original, _route
-    if _gcn_norm_original is None:
+    global _route
+    if _gcn_norm_box["pyg"] is None:
         from torch_geometric.nn.conv import gcn_conv
         fn = gcn_conv.gcn_norm
         if _route is not None and fn is _route:
             raise RuntimeError("gcn_norm was routed before PyG's function was recorded")
-        _gcn_norm_original = fn
         _route = _make_router(fn, gcn_conv)
-    return _gcn_norm_original
+    return _gcn_norm_box["pyg"]
 
 
 def _make_router(original: Callable, home: Any) -> Callable:
@@ -218,14 +217,15 @@ def _make_router(original: Callable, home: Any) -> Callable:
     applies in eager mode passes (the kernels')."""
     import functools
     import types
-    handlers = _gcn_norm_handlers
+    handlers, box = _gcn_norm_handlers, _gcn_norm_box
+    box["pyg"] = original
 
     def gcn_norm(*args: Any, **kwargs: Any) -> Any:
         for _priority, _order, handler in handlers:
             out = handler(*args, **kwargs)
             if out is not NotImplemented:
                 return out
-        return original(*args, **kwargs)
+        return box["pyg"](*args, **kwargs)
 
     # Only closure cells and builtins are read, so PyG's module globals serve as well.
     router = types.FunctionType(gcn_norm.__code__, vars(home), "gcn_norm", None,
