@@ -97,129 +97,136 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a PyG BasicGNN model (GCN, GraphSAGE, GAT, GIN) for "
                                    "node classification with FullGraphStrategy and report "
                                    "accuracy and communication.")
-    t.add_argument("--dataset", default="cora", help="dataset name, spec or partition dir")
-    t.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gin", "scalegnn"],
-                   help="PyG BasicGNN model, or 'scalegnn' (ScaleGNN's residual GCN with "
-                        "RMSNorm; split over --grid with --strategy 4d)")
-    t.add_argument("--devices", type=int, default=None,
-                   help="processes (default: one per CPU core, or per GPU with "
-                        "--accelerator gpu, at most 4)")
-    t.add_argument("--num-nodes", type=int, default=1, help="machines (multi-node)")
-    t.add_argument("--strategy", default="fullgraph", choices=["fullgraph", "pyg", "4d"],
-                   help="'fullgraph' (partitioned), 'pyg' (plain PyG's LightningNodeData, for "
-                        "comparison: full batch on one process, or with --loader neighbor "
-                        "NeighborLoader mini-batches data parallel over --devices with DDP) "
-                        "or '4d' (ScaleGNN: sampled mini-batches, --dp replicas x a --grid "
-                        "of processes)")
-    t.add_argument("--loader", default="full", choices=["full", "neighbor"],
-                   help="pyg: 'full' (one process, whole graph) or 'neighbor' (PyG's "
-                        "NeighborLoader: --batch-size seed nodes per step and process, "
-                        "--num-neighbors per layer; needs torch-sparse or pyg-lib)")
-    t.add_argument("--num-neighbors", default=None, metavar="K1,K2,...",
-                   help="pyg --loader neighbor: neighbours sampled per layer (default 25 "
-                        "for the first layer, 10 for the others)")
-    t.add_argument("--dp", type=int, default=None,
-                   help="4d: data-parallel replicas (default: devices x nodes / grid size)")
-    t.add_argument("--grid", default=(1, 1, 1), type=_grid, metavar="X,Y,Z",
-                   help="4d: processes per replica along x, y, z (default 1,1,1: data "
-                        "parallel only)")
-    t.add_argument("--batch-size", type=int, default=None,
-                   help="4d: vertices sampled per step (default: a quarter of the graph); "
-                        "pyg --loader neighbor: seed nodes per step and process (default 512)")
-    t.add_argument("--bf16-comm", action="store_true",
-                   help="4d: the grid's partial sums cross the wire as bfloat16 (lossy)")
-    t.add_argument("--steps-per-epoch", type=int, default=None,
-                   help="4d: steps per epoch (default: nodes / batch size, rounded up)")
-    t.add_argument("--epochs", type=int, default=200)
-    t.add_argument("--val-every", type=int, default=None, metavar="N",
-                   help="validate every N epochs (default: 20 validations per run); the "
-                        "--json summary's val_trace gives training seconds and accuracy at "
-                        "each, for time-to-accuracy comparisons")
-    t.add_argument("--hidden", type=int, default=16, help="hidden channels")
-    t.add_argument("--layers", type=int, default=2, help="message-passing layers")
-    t.add_argument("--dropout", type=float, default=0.5)
-    t.add_argument("--lr", type=float, default=0.01)
-    t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--norm", default=None, help="normalization between layers, e.g. batch_norm")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
-                   help="row-normalize features (auto: yes for Planetoid data, as Kipf & "
-                        "Welling and PyG's examples, and as FullGraphDataModule('cora'))")
-    t.add_argument("--kernels", default="auto", choices=["auto", "cpp", "triton", "torch", "pyg"],
-                   help="aggregation backend ('pyg': PyG's own scatter path)")
-    t.add_argument("--huge-pages", default="auto", choices=["auto", "on", "off"],
-                   help="large CPU tensors in transparent huge pages with the CPU kernels "
-                        "('on' swaps torch's CPU allocator for the run; default 'auto': the "
-                        "process's mode, off unless LIGHTNING_FULLGRAPH_HUGE_PAGES says on)")
-    t.add_argument("--aggregation", default="hybrid", choices=["hybrid", "post", "pre", "auto"],
-                   help="how cut edges of GCN/SAGE/GIN-like layers cross the wire: 'post' "
-                        "sends source rows, 'pre' partial aggregates, 'hybrid' the smaller "
-                        "mix per rank pair (default; all three are exact), 'auto' the one "
-                        "of the three predicted fastest per layer on the link (--link, "
-                        "else measured at the first exchange)")
-    t.add_argument("--codec", default="fp32", type=_codec_name,
-                   metavar="{fp32,bf16,int8,int4,int2,int1,adaptive,adaptive2}[-nearest][-compact]",
-                   help="wire format of halo rows and gradients (default fp32: exact; the "
-                        "others are lossy: rows quantized per row with scale and zero point "
-                        "on the wire, stochastic rounding unless '-nearest'; '-compact': a "
-                        "4-byte bfloat16 header instead of 8 bytes, for narrow rows; "
-                        "'adaptive': per-node widths 1-8 by global in-degree quartile, or "
-                        "--level-percentiles; 'adaptive2': the same with at least 2 bits)")
-    t.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
-                   help=_LEVELS_HELP + "; with --codec adaptive or adaptive2")
-    t.add_argument("--adaptive-bits", action="store_true",
-                   help="change the quantized codec's width every epoch (1, 2, 4 or 8 bits, "
-                        "starting at 1) from the loss-descent rate of all ranks (SYLVIE; the "
-                        "AdaptiveBitWidth callback); needs --codec int1/int2/int4/int8 or "
-                        "adaptive")
-    t.add_argument("--cache", default="none", metavar="{none,adaptive,budgeted,EPSILON}",
-                   help="adaptive halo cache (CDFGNN): resend a row or gradient only when it "
-                        "moved by more than a relative threshold; 'adaptive' adapts the "
-                        "threshold from the training accuracy (AdaptiveCacheThreshold, "
-                        "starting at 0.01), 'budgeted' too, in one collective per exchange "
-                        "(row counts agreed a step ahead), a number fixes it (0 is exact); "
-                        "default none")
-    t.add_argument("--pipeline", default="sync", choices=["sync", "async", "adaptive"],
-                   help="halo exchange pipeline: 'sync' (default, exact), 'async' (PipeGCN: "
-                        "halo rows and gradients one epoch stale while this epoch's are in "
-                        "flight, a synchronous epoch after 10 async ones), 'adaptive' (SYLVIE: "
-                        "sync or async per epoch from the loss-descent rate)")
-    t.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                   help="overlap the synchronous halo exchange with the aggregation of the "
-                        "edges whose sources are local, forward and backward (sum and mean "
-                        "layers on the kernels; exact to rounding; default on)")
-    t.add_argument("--step-aside", action=argparse.BooleanOptionalAction, default=True,
-                   help="after a few epochs, time the reductions on (codec, cache, pipeline, "
-                        "boundary sampling) against the epoch with each left out, and keep "
-                        "only those that shorten it (all ranks decide alike; logged; default "
-                        "on; --no-step-aside keeps them throughout)")
-    t.add_argument("--sampling", "--boundary-sampling", dest="sampling", type=float,
-                   default=None, metavar="P",
-                   help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
-                        "each rank's halo nodes (and of the partial aggregates of pre/hybrid "
-                        "aggregation) per epoch, scaled by 1/P (1 is exact)")
-    t.add_argument("--timeout", type=float, default=300.0,
-                   help="collective timeout in seconds: a rank waiting longer for a stuck "
-                        "peer stops with an error naming the exchange (default: 300)")
-    t.add_argument("--startup-timeout", type=float, default=1800.0,
-                   help="seconds to wait for all processes to start and for rank 0 to "
-                        "partition the graph (default: 1800)")
-    t.add_argument("--num-classes", type=int, default=None,
-                   help="number of classes; labels are checked against it before "
-                        "partitioning (default: largest label + 1)")
-    t.add_argument("--cache-dir", default=None, help="partition cache root")
-    t.add_argument("--accelerator", default="cpu")
-    t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    t.add_argument("--save-link", default=None, metavar="FILE.json",
-                   help="write the latency/bandwidth fitted to this run's exchanges (the link "
-                        "as training meets it; --strategy fullgraph, more than one process), "
-                        "for 'plan --link FILE.json'")
-    t.add_argument("--link", default=None, metavar="calibrate|FILE.json",
-                   help="predict the exchange and codec seconds of each training step on this "
-                        "link: 'calibrate' measures it at fit start (ping-pong collectives "
-                        "and the codec, a few seconds), or a file written by --save-link "
-                        "(--strategy fullgraph)")
-    t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
+    gd = t.add_argument_group("data and processes")
+    gd.add_argument("--dataset", default="cora", help="dataset name, spec or partition dir")
+    gd.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gin", "scalegnn"],
+                    help="PyG BasicGNN model, or 'scalegnn' (ScaleGNN's residual GCN with "
+                         "RMSNorm; split over --grid with --strategy 4d)")
+    gd.add_argument("--devices", type=int, default=None,
+                    help="processes (default: one per CPU core, or per GPU with "
+                         "--accelerator gpu, at most 4)")
+    gd.add_argument("--num-nodes", type=int, default=1, help="machines (multi-node)")
+    gd.add_argument("--strategy", default="fullgraph", choices=["fullgraph", "pyg", "4d"],
+                    help="'fullgraph' (partitioned), 'pyg' (plain PyG's LightningNodeData, for "
+                         "comparison: full batch on one process, or with --loader neighbor "
+                         "NeighborLoader mini-batches data parallel over --devices with DDP) "
+                         "or '4d' (ScaleGNN: sampled mini-batches, --dp replicas x a --grid "
+                         "of processes)")
+    gd.add_argument("--loader", default="full", choices=["full", "neighbor"],
+                    help="pyg: 'full' (one process, whole graph) or 'neighbor' (PyG's "
+                         "NeighborLoader: --batch-size seed nodes per step and process, "
+                         "--num-neighbors per layer; needs torch-sparse or pyg-lib)")
+    gd.add_argument("--num-neighbors", default=None, metavar="K1,K2,...",
+                    help="pyg --loader neighbor: neighbours sampled per layer (default 25 "
+                         "for the first layer, 10 for the others)")
+    g4 = t.add_argument_group("4D strategy (FourDStrategy; --strategy 4d)")
+    g4.add_argument("--dp", type=int, default=None,
+                    help="4d: data-parallel replicas (default: devices x nodes / grid size)")
+    g4.add_argument("--grid", default=(1, 1, 1), type=_grid, metavar="X,Y,Z",
+                    help="4d: processes per replica along x, y, z (default 1,1,1: data "
+                         "parallel only)")
+    g4.add_argument("--batch-size", type=int, default=None,
+                    help="4d: vertices sampled per step (default: a quarter of the graph); "
+                         "pyg --loader neighbor: seed nodes per step and process (default 512)")
+    g4.add_argument("--bf16-comm", action="store_true",
+                    help="4d: the grid's partial sums cross the wire as bfloat16 (lossy)")
+    g4.add_argument("--steps-per-epoch", type=int, default=None,
+                    help="4d: steps per epoch (default: nodes / batch size, rounded up)")
+    gm = t.add_argument_group("model and optimization")
+    gm.add_argument("--epochs", type=int, default=200)
+    gm.add_argument("--val-every", type=int, default=None, metavar="N",
+                    help="validate every N epochs (default: 20 validations per run); the "
+                         "--json summary's val_trace gives training seconds and accuracy at "
+                         "each, for time-to-accuracy comparisons")
+    gm.add_argument("--hidden", type=int, default=16, help="hidden channels")
+    gm.add_argument("--layers", type=int, default=2, help="message-passing layers")
+    gm.add_argument("--dropout", type=float, default=0.5)
+    gm.add_argument("--lr", type=float, default=0.01)
+    gm.add_argument("--weight-decay", type=float, default=5e-4)
+    gm.add_argument("--norm", default=None, help="normalization between layers, e.g. batch_norm")
+    gm.add_argument("--seed", type=int, default=0)
+    gm.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
+                    help="row-normalize features (auto: yes for Planetoid data, as Kipf & "
+                         "Welling and PyG's examples, and as FullGraphDataModule('cora'))")
+    gk = t.add_argument_group("kernels (KernelConfig)")
+    gk.add_argument("--kernels", default="auto", choices=["auto", "cpp", "triton", "torch", "pyg"],
+                    help="aggregation backend ('pyg': PyG's own scatter path)")
+    gk.add_argument("--huge-pages", default="auto", choices=["auto", "on", "off"],
+                    help="large CPU tensors in transparent huge pages with the CPU kernels "
+                         "('on' swaps torch's CPU allocator for the run; default 'auto': the "
+                         "process's mode, off unless LIGHTNING_FULLGRAPH_HUGE_PAGES says on)")
+    gx = t.add_argument_group("halo exchange (ExchangeConfig; --strategy fullgraph)")
+    gx.add_argument("--aggregation", default="hybrid", choices=["hybrid", "post", "pre", "auto"],
+                    help="how cut edges of GCN/SAGE/GIN-like layers cross the wire: 'post' "
+                         "sends source rows, 'pre' partial aggregates, 'hybrid' the smaller "
+                         "mix per rank pair (default; all three are exact), 'auto' the one "
+                         "of the three predicted fastest per layer on the link (--link, "
+                         "else measured at the first exchange)")
+    gx.add_argument("--codec", default="fp32", type=_codec_name,
+                    metavar="{fp32,bf16,int8,int4,int2,int1,adaptive,adaptive2}[-nearest][-compact]",
+                    help="wire format of halo rows and gradients (default fp32: exact; the "
+                         "others are lossy: rows quantized per row with scale and zero point "
+                         "on the wire, stochastic rounding unless '-nearest'; '-compact': a "
+                         "4-byte bfloat16 header instead of 8 bytes, for narrow rows; "
+                         "'adaptive': per-node widths 1-8 by global in-degree quartile, or "
+                         "--level-percentiles; 'adaptive2': the same with at least 2 bits)")
+    gx.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
+                    help=_LEVELS_HELP + "; with --codec adaptive or adaptive2")
+    gx.add_argument("--adaptive-bits", action="store_true",
+                    help="change the quantized codec's width every epoch (1, 2, 4 or 8 bits, "
+                         "starting at 1) from the loss-descent rate of all ranks (SYLVIE; the "
+                         "AdaptiveBitWidth callback); needs --codec int1/int2/int4/int8 or "
+                         "adaptive")
+    gx.add_argument("--cache", default="none", metavar="{none,adaptive,budgeted,EPSILON}",
+                    help="adaptive halo cache (CDFGNN): resend a row or gradient only when it "
+                         "moved by more than a relative threshold; 'adaptive' adapts the "
+                         "threshold from the training accuracy (AdaptiveCacheThreshold, "
+                         "starting at 0.01), 'budgeted' too, in one collective per exchange "
+                         "(row counts agreed a step ahead), a number fixes it (0 is exact); "
+                         "default none")
+    gx.add_argument("--pipeline", default="sync", choices=["sync", "async", "adaptive"],
+                    help="halo exchange pipeline: 'sync' (default, exact), 'async' (PipeGCN: "
+                         "halo rows and gradients one epoch stale while this epoch's are in "
+                         "flight, a synchronous epoch after 10 async ones), 'adaptive' (SYLVIE: "
+                         "sync or async per epoch from the loss-descent rate)")
+    gx.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                    help="overlap the synchronous halo exchange with the aggregation of the "
+                         "edges whose sources are local, forward and backward (sum and mean "
+                         "layers on the kernels; exact to rounding; default on)")
+    gx.add_argument("--step-aside", action=argparse.BooleanOptionalAction, default=True,
+                    help="after a few epochs, time the reductions on (codec, cache, pipeline, "
+                         "boundary sampling) against the epoch with each left out, and keep "
+                         "only those that shorten it (all ranks decide alike; logged; default "
+                         "on; --no-step-aside keeps them throughout)")
+    gx.add_argument("--sampling", "--boundary-sampling", dest="sampling", type=float,
+                    default=None, metavar="P",
+                    help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
+                         "each rank's halo nodes (and of the partial aggregates of pre/hybrid "
+                         "aggregation) per epoch, scaled by 1/P (1 is exact)")
+    gt = t.add_argument_group("timeouts (TimeoutConfig)")
+    gt.add_argument("--timeout", type=float, default=300.0,
+                    help="collective timeout in seconds: a rank waiting longer for a stuck "
+                         "peer stops with an error naming the exchange (default: 300)")
+    gt.add_argument("--startup-timeout", type=float, default=1800.0,
+                    help="seconds to wait for all processes to start and for rank 0 to "
+                         "partition the graph (default: 1800)")
+    gd.add_argument("--num-classes", type=int, default=None,
+                    help="number of classes; labels are checked against it before "
+                         "partitioning (default: largest label + 1)")
+    gd.add_argument("--cache-dir", default=None, help="partition cache root")
+    gd.add_argument("--accelerator", default="cpu")
+    go = t.add_argument_group("output")
+    go.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    go.add_argument("--save-link", default=None, metavar="FILE.json",
+                    help="write the latency/bandwidth fitted to this run's exchanges (the link "
+                         "as training meets it; --strategy fullgraph, more than one process), "
+                         "for 'plan --link FILE.json'")
+    go.add_argument("--link", default=None, metavar="calibrate|FILE.json",
+                    help="predict the exchange and codec seconds of each training step on this "
+                         "link: 'calibrate' measures it at fit start (ping-pong collectives "
+                         "and the codec, a few seconds), or a file written by --save-link "
+                         "(--strategy fullgraph)")
+    go.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
     # main() refuses, with this parser's usage, the options the chosen strategy would ignore.
     t.set_defaults(command_parser=t)
     _add_plan_parser(sub)
