@@ -458,7 +458,9 @@ _global_hook = None
 
 
 def _global_pre_hook(module, args):
-    if module.__class__ in _seen_unsupported:
+    # Under torch.compile the layer keeps PyG's path, traced into the graph: installing
+    # (instance attributes, a module's memo) is eager-only work that would break the graph.
+    if torch.compiler.is_compiling() or module.__class__ in _seen_unsupported:
         return None
     if _first_call_exits:  # empty except during a first call or after one that raised
         left = _first_call_exits.pop(module, None)
