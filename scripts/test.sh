@@ -22,4 +22,9 @@ status=0
 "$PY" -m pytest -q -n "$WORKERS" --dist loadfile -m "not serial" || status=$?
 # pytest's 5: nothing collected (not a failure of the first part).
 "$PY" -m pytest -q -m serial || { s=$?; [ "$s" -eq 5 ] || status=$s; }
+# CI (which reaches the package registry): a smoke subset on the oldest tested PyG and
+# Lightning releases as well.
+if [ "${LIGHTNING_FULLGRAPH_CI:-0}" = "1" ]; then
+  bash scripts/smoke_versions.sh || status=$?
+fi
 exit "$status"
