@@ -1,5 +1,5 @@
 """How many collectives a steady-state training step makes, per aggregation mode and option:
-the table of the README ("Collectives per training step"), checked.
+the table of docs/reductions.md ("Collectives per training step"), checked.
 
 A 2-layer PyG model on 2 ranks (the raw input's aggregation is kept after the first step, so a
 step exchanges the hidden layer's rows: one exchange point, forward and backward), a plain
