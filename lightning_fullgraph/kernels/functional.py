@@ -1,6 +1,7 @@
 """The raw aggregation function, usable without PyG layers (e.g. by the distributed engine)."""
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 from torch import Tensor
@@ -64,7 +65,9 @@ def aggregate(
     if weight is not None and weight.numel() != csr.num_edges:
         raise ValueError(f"weight has {weight.numel()} entries for {csr.num_edges} edges")
     trailing = src.shape[1:]
-    x = src.reshape(src.size(0), -1)
+    # (The width spelled out: with no rows, e.g. the empty halo of a single process, -1 is
+    # ambiguous.)
+    x = src.reshape(src.size(0), math.prod(trailing))
     be = _backend.resolve(backend, x.device) or "torch"
     w = csr.permute_edge_values(weight.reshape(-1) if weight is not None else None, be)
     if csr.order is not None:  # numbered for locality: rows in, and back out (see .locality)

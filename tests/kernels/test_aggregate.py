@@ -73,6 +73,19 @@ def test_empty_graph_and_no_edges():
         out.sum().backward()
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_no_source_rows(backend):
+    # A single process's halo: no rows, no edges (the -1 of a reshape was ambiguous there).
+    if backend == "cpp":
+        cpp_or_skip()
+    x = torch.randn(0, 7, requires_grad=True)
+    ei = torch.empty(2, 0, dtype=torch.long)
+    out = K.aggregate(x, ei, None, "sum", 3, backend=backend)
+    assert out.shape == (3, 7) and out.abs().sum() == 0
+    out.sum().backward()
+    assert x.grad.shape == (0, 7)
+
+
 def test_csr_cache_recognises_equal_content():
     K.clear_cache()
     ei = make_graph(40, 40, 300)
