@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine (CPU only; GPU tests skip, Triton runs interpreted).
 # Installs into the checkout's virtual environment first (scripts/install.sh: skipped when up
-# to date), with the test, triton, fabric and plot extras.
+# to date), with the test, triton, fabric, plot and docs extras.
 #
 # Without arguments: the suite on TEST_WORKERS pytest-xdist workers (default 2; one test file
 # per worker at a time), then the tests marked `serial` (they measure time or wait for
@@ -9,7 +9,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-EXTRAS=${EXTRAS:-test,triton,fabric,plot} bash scripts/install.sh
+EXTRAS=${EXTRAS:-test,triton,fabric,plot,docs} bash scripts/install.sh
 VENV=${LIGHTNING_FULLGRAPH_VENV:-.venv}
 case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 PY="$VENV/bin/python"
