@@ -1,18 +1,60 @@
-"""The documentation: the Sphinx site builds with warnings as errors, the README is a front page
-whose links resolve, and its example runs (on one process, two epochs)."""
+"""The documentation: the Sphinx site builds with warnings as errors, the code on its pages runs,
+the benchmark tables come from the results file, and the README is a front page whose links
+resolve and whose example runs.
+
+Code on the pages runs page by page, its blocks in order in one namespace, as a reader would
+paste them: every ```python block, and every ```{code-block} python block unless its options
+say ``:class: no-run`` (kept for code that needs several machines or processes it cannot have
+here). Edits keep it short: ``devices=N`` becomes ``devices=1``, ``max_epochs=N`` becomes
+``max_epochs=2`` and ``epochs=N`` becomes ``epochs=3``. A page whose code has an
+``if __name__ == "__main__":`` block (code that starts processes, which import the script)
+becomes a module in a temporary directory that those processes can import, and its
+``__main__`` bodies then run in that module; the other pages run in a plain namespace.
+
+Without the docs extra (sphinx, myst-parser) the build tests skip, except under CI
+(``LIGHTNING_FULLGRAPH_CI=1``), which installs it: there they fail.
+"""
+import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
+PAGES = sorted(p.stem for p in DOCS.glob("*.md"))
+
+FENCE = re.compile(r"^```(python|\{code-block\} python)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
 
-def test_the_site_builds_with_warnings_as_errors(tmp_path):
+def page_blocks(text):
+    """(code, runs) for every Python block of a Markdown page, in order."""
+    blocks = []
+    for kind, body in FENCE.findall(text):
+        options = []
+        if kind != "python":
+            lines = body.split("\n")
+            while lines and lines[0].startswith(":"):
+                options.append(lines.pop(0))
+            body = "\n".join(lines).lstrip("\n")
+        runs = not any(o.startswith(":class:") and "no-run" in o.split() for o in options)
+        blocks.append((body, runs))
+    return blocks
+
+
+def runnable_code(page):
+    code = "\n".join(body for body, runs in page_blocks((DOCS / f"{page}.md").read_text()) if runs)
+    code = re.sub(r"\bdevices=\d+", "devices=1", code)
+    code = re.sub(r"\bmax_epochs=\d+", "max_epochs=2", code)
+    return re.sub(r"\bepochs=\d+", "epochs=3", code)
+
+
+def need_sphinx():
     try:
         import myst_parser  # noqa: F401
         import sphinx  # noqa: F401
@@ -20,17 +62,106 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
         if os.environ.get("LIGHTNING_FULLGRAPH_CI") == "1":
             raise  # CI installs the docs extra: a missing Sphinx is a failure there
         pytest.skip("the docs extra (sphinx, myst-parser) is not installed")
-    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html",
-                           "-q", str(ROOT / "docs"), str(tmp_path / "html")],
+
+
+def sphinx_build(src, out, *extra):
+    return subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html",
+                           "-q", *extra, str(src), str(out)],
                           capture_output=True, text=True, timeout=600)
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    need_sphinx()
+    proc = sphinx_build(DOCS, tmp_path / "html")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for page in ("index", "usage", "reductions", "fourd", "kernels", "api", "benchmarks"):
+    for page in PAGES:
         assert (tmp_path / "html" / f"{page}.html").is_file(), page
+    api = (tmp_path / "html" / "api.html").read_text()
+    import lightning_fullgraph
+    for name in lightning_fullgraph.__all__:
+        if name != "__version__":
+            assert f'id="lightning_fullgraph.{name}"' in api, name
+    # The benchmark tables are rendered from benchmarks/results.json, with their commands.
+    results = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    html = (tmp_path / "html" / "benchmarks.html").read_text()
+    used = re.findall(r"```\{benchmark-table\} (\S+)", (DOCS / "benchmarks.md").read_text())
+    assert used
+    for topic in used:
+        assert results[topic]["title"].split(":")[0].replace("'", "&#39;") in html, topic
+
+
+SAMPLE = {"demo": {"title": "A sample topic", "command": "python -m benchmarks demo --epochs 3",
+                   "measured": "2026-11-28", "setup": "A sample set-up paragraph.",
+                   "columns": ["model", "config", "step s"],
+                   "rows": [["GraphSAGE", "post", 0.764], ["GCN", "hybrid", None]],
+                   "notes": "A sample note."}}
+
+
+@pytest.mark.parametrize("topic", ["demo", "missing"])
+def test_the_benchmark_table_directive(tmp_path, topic):
+    need_sphinx()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "conf.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(DOCS / "_ext")!r})
+        extensions = ["myst_parser", "benchmark_tables"]
+        benchmark_results = {str(tmp_path / "results.json")!r}
+        """))
+    (src / "index.md").write_text(f"# Sample\n\n```{{benchmark-table}} {topic}\n```\n")
+    (tmp_path / "results.json").write_text(json.dumps(SAMPLE))
+    proc = sphinx_build(src, tmp_path / "html")
+    if topic == "missing":  # a topic the file lacks fails the build under -W
+        assert proc.returncode != 0 and "no topic 'missing'" in proc.stderr, proc.stderr
+        (tmp_path / "results.json").unlink()  # so does a missing file
+        proc = sphinx_build(src, tmp_path / "html2")
+        assert proc.returncode != 0 and "does not exist" in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    html = re.sub(r"<[^>]+>", "", (tmp_path / "html" / "index.html").read_text())
+    for text in ("A sample topic", "A sample set-up paragraph.", "python -m benchmarks demo",
+                 "GraphSAGE", "0.764", "A sample note."):
+        assert text in html, text
+
+
+def test_most_code_blocks_run():
+    blocks = [runs for page in PAGES for _, runs in page_blocks((DOCS / f"{page}.md").read_text())]
+    assert len(blocks) >= 8 and sum(blocks) >= 0.75 * len(blocks), blocks
+
+
+MAIN = 'if __name__ == "__main__":\n'
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if runnable_code(p).strip()])
+def test_the_page_code_runs(page, tmp_path, monkeypatch):
+    code = runnable_code(page)
+    monkeypatch.chdir(tmp_path)
+    import torch
+    torch.manual_seed(0)
+    if MAIN not in code:
+        exec(compile(code, f"docs/{page}.md", "exec"), {"__name__": f"docs_{page}"})
+        return
+    # Code that starts processes: the page is a module the processes can import (its
+    # functions are pickled by reference), and its `if __name__ == "__main__":` bodies run
+    # here, in that module, as `python page.py` would run them.
+    name = "docs_page_" + page.replace("-", "_")
+    script = tmp_path / f"{name}.py"
+    script.write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    import importlib
+    module = importlib.import_module(name)
+    mains = [textwrap.dedent(m.group(1)) for m in
+             re.finditer(r'^if __name__ == "__main__":\n((?:[ \t]+.*\n|\n)+)', code, re.M)]
+    assert mains
+    for body in mains:
+        exec(compile(body, f"docs/{page}.md (__main__)", "exec"), module.__dict__)
 
 
 def test_the_readme_is_a_front_page_whose_links_resolve():
     assert len(README.splitlines()) <= 300
     assert "bash scripts/demo.sh" in README and "bash scripts/test.sh" in README
+    assert "python -m sphinx -b html docs docs/_build/html" in README
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
         if not target.startswith("http"):
             assert (ROOT / target).exists(), target
