@@ -29,3 +29,5 @@ autodoc_typehints = "description"
 napoleon_custom_sections = [("Shapes", "params_style")]
 html_theme = "alabaster"
 html_static_path = ["_static"]
+# Options such as --layers stay as typed (the benchmark set-ups are plain text, not literals).
+smartquotes = False

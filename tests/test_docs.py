@@ -161,6 +161,8 @@ def test_the_page_code_runs(page, tmp_path, monkeypatch):
 def test_the_readme_is_a_front_page_whose_links_resolve():
     assert len(README.splitlines()) <= 300
     assert "bash scripts/demo.sh" in README and "bash scripts/test.sh" in README
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert "bash scripts/test.sh" in ci  # the README's test command is what CI runs
     assert "python -m sphinx -b html docs docs/_build/html" in README
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
         if not target.startswith("http"):

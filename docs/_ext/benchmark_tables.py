@@ -34,11 +34,9 @@ def _results_path(app) -> Path:
 
 
 def _cell(value) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
+    """A cell as the curated file writes it: ``null`` is an empty cell, numbers as JSON has them
+    (``92.0`` stays ``92.0``)."""
+    return "" if value is None else str(value)
 
 
 class BenchmarkTable(SphinxDirective):
