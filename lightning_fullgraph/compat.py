@@ -10,6 +10,7 @@ the installed version is one this release was tested with: outside those ranges 
 genuinely missing fails where it is used, naming the version.  Silence the warning with
 ``warnings.filterwarnings("ignore", category=UntestedVersionWarning)``.
 """
+import importlib
 import re
 import sys
 import warnings
@@ -88,6 +89,27 @@ def require(package: str) -> None:
         "the failure at the project's issue tracker.", UntestedVersionWarning, stacklevel=3)
 
 
+def _missing(package: str, what: str) -> UntestedVersionError:
+    r"""The error of a feature whose private internal :obj:`what` is missing from the installed
+    :obj:`package` (raised where the feature is used, not at import)."""
+    low, high = TESTED_VERSIONS[package]
+    return UntestedVersionError(
+        f"{what} is missing from {package} {installed_version(package)}: lightning-fullgraph "
+        f"needs it here and was tested with {package}>={low},<{high}; install a tested version "
+        f"(pip install '{package}>={low},<{high}') and report the failure at the project's "
+        "issue tracker")
+
+
+def _internal(package: str, module: str, name: str) -> Any:
+    r"""``module.name``, a private internal of :obj:`package`; :class:`UntestedVersionError`
+    naming the installed version if that version lacks it."""
+    require(package)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise _missing(package, f"{module}.{name}") from exc
+
+
 # -- PyG -----------------------------------------------------------------------------------
 def propagate_source_args(layer: Any) -> Tuple[str, ...]:
     r"""Names of ``propagate`` arguments a layer reads per *source* node (``x`` for ``x_j``).
@@ -97,12 +119,21 @@ def propagate_source_args(layer: Any) -> Tuple[str, ...]:
     rank exchanges them in this order, and a set's order of strings differs between
     processes (hash randomization), which would pair different collectives.
     """
-    return tuple(sorted({n[:-2] for n in layer._user_args if n.endswith("_j")}))
+    return tuple(sorted({n[:-2] for n in _layer_attr(layer, "_user_args") if n.endswith("_j")}))
 
 
 def edge_update_source_args(layer: Any) -> Tuple[str, ...]:
     r"""As :func:`propagate_source_args` for ``edge_updater`` (``alpha`` for ``alpha_j``)."""
-    return tuple(sorted({n[:-2] for n in layer._edge_user_args if n.endswith("_j")}))
+    return tuple(sorted({n[:-2] for n in _layer_attr(layer, "_edge_user_args")
+                         if n.endswith("_j")}))
+
+
+def _layer_attr(layer: Any, name: str) -> Any:
+    # A MessagePassing attribute; UntestedVersionError if the installed PyG has none.
+    try:
+        return getattr(layer, name)
+    except AttributeError as exc:
+        raise _missing("torch_geometric", f"MessagePassing.{name}") from exc
 
 
 def hook_dicts(layer: Any, kind: str) -> Dict[Any, Callable]:
@@ -114,7 +145,7 @@ def hook_dicts(layer: Any, kind: str) -> Dict[Any, Callable]:
             ``"message_and_aggregate"``, ``"edge_update_pre"`` or ``"edge_update"``.
     """
     name = kind[:-4] + "_forward_pre_hooks" if kind.endswith("_pre") else kind + "_forward_hooks"
-    return getattr(layer, "_" + name)
+    return _layer_attr(layer, "_" + name)
 
 
 def set_hook_dict(layer: Any, kind: str, hooks: Dict[Any, Callable]) -> None:
@@ -292,9 +323,7 @@ def unroute_gcn_norm(handler: Callable) -> None:
 # -- Lightning -------------------------------------------------------------------------------
 def fabric_is_using_cli() -> bool:
     r"""Whether the process was started by ``fabric run`` (Lightning's launcher sets env vars)."""
-    require("lightning")
-    from lightning.fabric.connector import _is_using_cli
-    return bool(_is_using_cli())
+    return bool(_internal("lightning", "lightning.fabric.connector", "_is_using_cli")())
 
 
 def fabric_run_command() -> Any:
@@ -309,27 +338,25 @@ def fabric_run_command() -> Any:
     group = getattr(cli, "_main", None)  # defined only when Lightning found click
     command = group.commands.get("run") if group is not None else None
     if command is None:
-        low, high = TESTED_VERSIONS["lightning"]
-        raise UntestedVersionError(
-            f"lightning.fabric.cli has no `run` command in lightning {installed_version('lightning')}"
-            f" (lightning-fullgraph was tested with lightning>={low},<{high})")
+        raise _missing("lightning", "the `run` command of lightning.fabric.cli._main")
     return command
 
 
 def signal_connector(trainer: Any) -> Any:
     r"""The Trainer's signal connector (``received_sigterm``, SLURM requeue handler)."""
     require("lightning")
-    return trainer._signal_connector
+    try:
+        return trainer._signal_connector
+    except AttributeError as exc:
+        raise _missing("lightning", "Trainer._signal_connector") from exc
 
 
 def lightning_launchers() -> Tuple[type, type]:
     r"""Lightning's launchers of ``DDPStrategy``: the one that re-runs the script per rank
     (``start_method="popen"``) and the multiprocessing one (``"spawn"``, ``"fork"``)."""
-    require("lightning")
-    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-    from lightning.pytorch.strategies.launchers.subprocess_script import \
-        _SubprocessScriptLauncher
-    return _SubprocessScriptLauncher, _MultiProcessingLauncher
+    launchers = "lightning.pytorch.strategies.launchers."
+    return (_internal("lightning", launchers + "subprocess_script", "_SubprocessScriptLauncher"),
+            _internal("lightning", launchers + "multiprocessing", "_MultiProcessingLauncher"))
 
 
 def set_group_timeout(timeout: Any, group: Any = None) -> None:
@@ -353,7 +380,10 @@ def stage_data_sources(trainer: Any) -> Dict[str, Any]:
              TrainerFn.VALIDATING: (("val_dataloader", trainer.validate_loop),),
              TrainerFn.TESTING: (("test_dataloader", trainer.test_loop),),
              TrainerFn.PREDICTING: (("predict_dataloader", trainer.predict_loop),)}
-    return {name: loop._data_source for name, loop in loops.get(trainer.state.fn, ())}
+    try:
+        return {name: loop._data_source for name, loop in loops.get(trainer.state.fn, ())}
+    except AttributeError as exc:
+        raise _missing("lightning", "the loops' _data_source") from exc
 
 
 def attach_datamodule(trainer: Any, module: Any, datamodule: Any) -> None:
@@ -361,22 +391,23 @@ def attach_datamodule(trainer: Any, module: Any, datamodule: Any) -> None:
     ``trainer.fit(module, datamodule=datamodule)`` would have (loops' sources, data hooks,
     ``trainer.datamodule``)."""
     require("lightning")
-    trainer._data_connector.attach_datamodule(module, datamodule=datamodule)
+    try:
+        attach = trainer._data_connector.attach_datamodule
+    except AttributeError as exc:
+        raise _missing("lightning", "Trainer._data_connector.attach_datamodule") from exc
+    attach(module, datamodule=datamodule)
 
 
 def collect_rng_states() -> Dict[str, Any]:
     r"""torch (CPU and CUDA), numpy and Python random states, as Lightning collects them."""
-    require("lightning")
-    from lightning.fabric.utilities.seed import _collect_rng_states
     import torch
-    return _collect_rng_states(include_cuda=torch.cuda.is_available())
+    collect = _internal("lightning", "lightning.fabric.utilities.seed", "_collect_rng_states")
+    return collect(include_cuda=torch.cuda.is_available())
 
 
 def set_rng_states(states: Dict[str, Any]) -> None:
     r"""Inverse of :func:`collect_rng_states`."""
-    require("lightning")
-    from lightning.fabric.utilities.seed import _set_rng_states
-    _set_rng_states(states)
+    _internal("lightning", "lightning.fabric.utilities.seed", "_set_rng_states")(states)
 
 
 # -- pymetis ---------------------------------------------------------------------------------
@@ -386,16 +417,12 @@ def pymetis_extension_path() -> str:
     pymetis' Python API always calls METIS with one balance constraint; the multi-constraint
     partitioner is called through this library's ``METIS_PartGraphKway`` symbol.
     """
-    require("pymetis")
-    from pymetis import _internal
-    return _internal.__file__
+    return _internal("pymetis", "pymetis._internal", "__file__")
 
 
 def pymetis_option_indices() -> Any:
     r"""Positions of METIS options (``SEED``, ``UFACTOR``) in the options array."""
-    require("pymetis")
-    from pymetis._internal import options_indices
-    return options_indices
+    return _internal("pymetis", "pymetis._internal", "options_indices")
 
 
 

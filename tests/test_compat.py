@@ -27,6 +27,20 @@ def test_installed_versions_pass_silently():
             compat.require(package)
 
 
+@pytest.mark.parametrize("version", ["2.7.0", "2.7.1", "2.8.1", "2.8.9.dev20270101"])
+def test_a_version_inside_the_range_emits_nothing(monkeypatch, version):
+    import warnings
+    monkeypatch.setattr(compat, "installed_version", lambda package: version)
+    compat._checked.discard("torch_geometric")
+    try:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            compat.require("torch_geometric")
+        assert record == []
+    finally:
+        compat._checked.discard("torch_geometric")
+
+
 @pytest.mark.parametrize("version", ["2.9.0", "2.6.1"])
 def test_an_untested_version_warns_once_and_does_not_fail(monkeypatch, version):
     monkeypatch.setattr(compat, "installed_version", lambda package: version)
@@ -42,6 +56,24 @@ def test_an_untested_version_warns_once_and_does_not_fail(monkeypatch, version):
         assert f"{version} is installed" in message and "issue tracker" in message
     finally:
         compat._checked.discard("torch_geometric")
+
+
+def test_a_missing_internal_fails_where_it_is_used_naming_the_version(monkeypatch):
+    import lightning.fabric.utilities.seed as seed
+    monkeypatch.setattr(compat, "installed_version", lambda package: "9.1.0")
+    monkeypatch.setattr(compat, "_checked", set(compat.TESTED_VERSIONS))  # no warning here
+    monkeypatch.delattr(seed, "_collect_rng_states")
+    with pytest.raises(compat.UntestedVersionError, match=r"_collect_rng_states is missing "
+                       r"from lightning 9\.1\.0.*tested with lightning>=") as info:
+        compat.collect_rng_states()
+    assert "issue tracker" in str(info.value)
+    assert isinstance(info.value.__cause__, AttributeError)
+    # An attribute of PyG's layers (an object without them stands for a PyG that dropped them).
+    with pytest.raises(compat.UntestedVersionError, match=r"MessagePassing\._user_args is "
+                       r"missing from torch_geometric 9\.1\.0"):
+        compat.propagate_source_args(torch.nn.Linear(2, 2))
+    with pytest.raises(compat.UntestedVersionError, match=r"_propagate_forward_hooks.*9\.1\.0"):
+        compat.hook_dicts(torch.nn.Linear(2, 2), "propagate")
 
 
 def test_the_version_check_reads_no_environment_variable():
