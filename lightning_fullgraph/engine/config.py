@@ -13,10 +13,11 @@ the Fabric helper, the engine and the command line take the same object::
 It is checked when made (an unknown codec name, a combination that cannot work), not at setup
 on every rank.
 """
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
+from .._config import from_mapping
 from .aggregation import MODES
 from .cache import HaloCache
 from .codecs import Codec
@@ -129,11 +130,7 @@ class ExchangeConfig:
         if isinstance(value, ExchangeConfig):
             return value
         if isinstance(value, Mapping):
-            unknown = set(value) - {f.name for f in fields(cls)}
-            if unknown:
-                raise TypeError(f"ExchangeConfig has no field(s) {sorted(unknown)}; fields "
-                                f"are {[f.name for f in fields(cls)]}")
-            return cls(**value)
+            return from_mapping(cls, value)
         raise TypeError(f"expected an ExchangeConfig, a mapping or None, got "
                         f"{type(value).__name__}")
 

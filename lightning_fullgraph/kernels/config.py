@@ -8,9 +8,10 @@ swaps torch's CPU allocator for the whole process) and torch's thread count::
     FullGraphStrategy(kernels=KernelConfig(huge_pages=True, num_threads=4))
     setup_fullgraph(fabric, model, data, kernels=KernelConfig(backend="triton"))
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
+from .._config import from_mapping
 from .backend import BACKENDS
 
 __all__ = ["KernelConfig"]
@@ -64,10 +65,6 @@ class KernelConfig:
         if isinstance(value, KernelConfig):
             return value
         if isinstance(value, Mapping):
-            unknown = set(value) - {f.name for f in fields(cls)}
-            if unknown:
-                raise TypeError(f"KernelConfig has no field(s) {sorted(unknown)}; fields are "
-                                f"{[f.name for f in fields(cls)]}")
-            return cls(**value)
+            return from_mapping(cls, value)
         raise TypeError(f"kernels must be a backend name, None, a KernelConfig or a mapping, "
                         f"got {type(value).__name__}")

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Optional, Union
 import torch.distributed as dist
 
 from .. import compat
+from .._config import from_mapping
 from ..engine.errors import CollectiveError, from_backend_error
 from .signals import DeferredSignals
 
@@ -100,11 +101,7 @@ class TimeoutConfig:
         if isinstance(value, TimeoutConfig):
             return value
         if isinstance(value, Mapping):
-            unknown = set(value) - {f.name for f in fields(cls)}
-            if unknown:
-                raise TypeError(f"TimeoutConfig has no field(s) {sorted(unknown)}; fields "
-                                f"are {[f.name for f in fields(cls)]}")
-            return cls(**value)
+            return from_mapping(cls, value)
         duration = as_timedelta(value, "timeout")
         return cls(startup=duration, collectives=duration)
 
