@@ -2,14 +2,13 @@
 the benchmark tables come from the results file, and the README is a front page whose links
 resolve and whose example runs.
 
-Code on the pages runs page by page, its blocks in order in one namespace, as a reader would
-paste them: every ```python block, and every ```{code-block} python block unless its options
-say ``:class: no-run`` (kept for code that needs several machines or processes it cannot have
-here). Edits keep it short: ``devices=N`` becomes ``devices=1``, ``max_epochs=N`` becomes
-``max_epochs=2`` and ``epochs=N`` becomes ``epochs=3``. A page whose code has an
-``if __name__ == "__main__":`` block (code that starts processes, which import the script)
-becomes a module in a temporary directory that those processes can import, and its
-``__main__`` bodies then run in that module; the other pages run in a plain namespace.
+Code on the pages runs page by page: its blocks, in order, as one script that a fresh
+interpreter runs as ``python page.py`` (so ``if __name__ == "__main__":`` bodies run and the
+processes they start import the page by its file name). Every ```python block runs, and every
+```{code-block} python block unless its options say ``:class: no-run`` (kept for code that
+needs several machines or processes it cannot have here). Edits keep it short: ``devices=N``
+becomes ``devices=1``, ``max_epochs=N`` becomes ``max_epochs=2`` and ``epochs=N`` becomes
+``epochs=3``.
 
 Without the docs extra (sphinx, myst-parser) the build tests skip, except under CI
 (``LIGHTNING_FULLGRAPH_CI=1``), which installs it: there they fail.
@@ -23,6 +22,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from .environment import fresh_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -129,36 +130,31 @@ def test_most_code_blocks_run():
     assert len(blocks) >= 8 and sum(blocks) >= 0.75 * len(blocks), blocks
 
 
-MAIN = 'if __name__ == "__main__":\n'
+def run_script(code, tmp_path, name):
+    """Runs :obj:`code` as ``python name.py`` in a fresh interpreter, as a reader would.
+
+    A separate process, not ``exec`` in the test's: code that trains leaves Lightning's
+    rendezvous variables (``MASTER_PORT``), an open process group and attached models behind,
+    and the tests that run after it in the same worker would meet them. The pages' code is
+    checked for running, not for speed: it does not wait for (or start) a build of the C++
+    kernels, which have their own tests.
+    """
+    script = tmp_path / f"{name}.py"
+    script.write_text(code)
+    env = fresh_environment(LIGHTNING_FULLGRAPH_NO_EXT="1", PYTHONPATH=str(ROOT),
+               LIGHTNING_FULLGRAPH_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if runnable_code(p).strip()])
-def test_the_page_code_runs(page, tmp_path, monkeypatch):
-    code = runnable_code(page)
-    monkeypatch.chdir(tmp_path)
-    # The pages' code is checked for running, not for speed: their processes do not wait for
-    # (or start) a build of the C++ kernels, which have their own tests.
-    monkeypatch.setenv("LIGHTNING_FULLGRAPH_NO_EXT", "1")
-    import torch
-    torch.manual_seed(0)
-    if MAIN not in code:
-        exec(compile(code, f"docs/{page}.md", "exec"), {"__name__": f"docs_{page}"})
-        return
-    # Code that starts processes: the page is a module the processes can import (its
-    # functions are pickled by reference), and its `if __name__ == "__main__":` bodies run
-    # here, in that module, as `python page.py` would run them.
-    name = "docs_page_" + page.replace("-", "_")
-    script = tmp_path / f"{name}.py"
-    script.write_text(code)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, name, raising=False)
-    import importlib
-    module = importlib.import_module(name)
-    mains = [textwrap.dedent(m.group(1)) for m in
-             re.finditer(r'^if __name__ == "__main__":\n((?:[ \t]+.*\n|\n)+)', code, re.M)]
-    assert mains
-    for body in mains:
-        exec(compile(body, f"docs/{page}.md (__main__)", "exec"), module.__dict__)
+def test_the_page_code_runs(page, tmp_path):
+    # A page whose code starts processes has `if __name__ == "__main__":` bodies; they run as
+    # `python page.py` runs them, and the processes import the page by its file name.
+    code = "import torch\ntorch.manual_seed(0)\n" + runnable_code(page)
+    run_script(code, tmp_path, "docs_page_" + page.replace("-", "_"))
 
 
 def test_the_readme_is_a_front_page_whose_links_resolve():
@@ -172,21 +168,19 @@ def test_the_readme_is_a_front_page_whose_links_resolve():
             assert (ROOT / target).exists(), target
 
 
-def test_the_readme_example_runs(tmp_path, monkeypatch):
+def test_the_readme_example_runs(tmp_path):
     # The example as printed, on one process for two epochs, with Cora and a LightningModule of
     # the library's tests standing in for the user's `data` and `module`.
     code = re.search(r"## Your own script.*?```python\n(.*?)```", README, re.S).group(1)
     code = code.replace("devices=4", "devices=1").replace("max_epochs=200", "max_epochs=2")
     code = code.replace('accelerator="cpu",', 'accelerator="cpu", logger=False, '
                         'enable_checkpointing=False, enable_progress_bar=False,')
-    import torch
-
-    from lightning_fullgraph.data import load_cora
-
-    from .strategies.modules import NodeClassifier
-    monkeypatch.chdir(tmp_path)
-    torch.manual_seed(0)
-    data = load_cora()
-    scope = {"data": data, "module": NodeClassifier(data.num_features, 7)}
-    exec(compile(code, "README.md", "exec"), scope)
-    assert scope["trainer"].state.finished
+    prelude = ("import torch\n"
+               "from lightning_fullgraph.data import load_cora\n"
+               "from tests.strategies.modules import NodeClassifier\n"
+               "torch.manual_seed(0)\n"
+               "data = load_cora()\n"
+               "module = NodeClassifier(data.num_features, 7)\n")
+    out = run_script(prelude + code + "\nprint('FINISHED', trainer.state.finished)\n",
+                     tmp_path, "readme_example")
+    assert "FINISHED True" in out

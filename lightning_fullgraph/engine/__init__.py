@@ -22,7 +22,6 @@ from .gather import gather_nodes  # noqa: E402
 from .gradients import (BackwardHooks, UnreducedBackwardError,  # noqa: E402
                         all_reduce_gradients, broadcast_parameters, loss_weight,
                         reduce_backward)
-from .mesh import EngineMesh, ParallelDims  # noqa: E402
 from .norm import distributed_gcn_norm  # noqa: E402
 from .partitioned import PartitionedModel, SparseAdjacencyError, partition_model  # noqa: E402
 from .policy import ExchangePolicy  # noqa: E402
@@ -39,7 +38,7 @@ from .transport import PendingExchange, Transport  # noqa: E402
 __all__ = [
     "FullGraphEngine", "HaloExchange", "BackwardHooks", "UnreducedBackwardError", "Codec", "IdentityCodec", "WireContext", "CommStats",
     "ExchangeConfig", "ExchangePolicy", "HaloCache", "AsyncPipeline", "BoundarySampling", "Transport",
-    "PendingExchange", "EngineMesh", "ParallelDims",
+    "PendingExchange",
     "AggregationRouter", "MODES", "PRE_LAYERS", "pre_eligible", "StaticCache", "Agreement",
     "all_agree",
     "ExchangeCounter", "PartitionedModel", "partition_model", "DistributedBatchNorm",

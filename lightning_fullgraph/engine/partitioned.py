@@ -34,6 +34,7 @@ to the mode's edges and halo, a propagate forward hook adds the received partial
 (and divides mean aggregations by the global in-degree).
 """
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
@@ -218,6 +219,10 @@ class PartitionedModel:
         self._propagation = wrap_label_propagation(self.model, self.exchange.group,
                                                    self.exchange.timeout)
         add_dispatcher()
+        # Given back by revert(), or when the model is collected without one: PyG's
+        # gcn_norm is routed only while an attached model exists.
+        self._dispatcher = weakref.finalize(self.model, remove_dispatcher)
+        self._dispatcher.atexit = False
         self._attached = True
         self._wrap_reordered()
         self.wrap_static()
@@ -287,7 +292,7 @@ class PartitionedModel:
         self._norm_swaps = []
         revert_batchnorm(self._bn_swaps)
         self._bn_swaps = []
-        remove_dispatcher()
+        self._dispatcher()  # remove_dispatcher, once
         self._attached = False
         return self.model
 

@@ -343,6 +343,10 @@ def _install(module, pinned: Optional[str],
         module.__dict__["forward"] = fused
     if routed:
         gcn.route()  # the memo in PyG's gcn_norm calls while this layer is accelerated
+        # ... and no longer than the layer lives: a layer dropped without being reverted
+        # gives its route back when it is collected.
+        routed = weakref.finalize(module, gcn.unroute)
+        routed.atexit = False
     if "__prepare_scriptable__" not in module.__dict__:
         module.__dict__["__prepare_scriptable__"] = _ScriptableCopy(module, saved)
     return saved, wrapper, fused, routed, own
@@ -379,7 +383,7 @@ class _ScriptableCopy:
 def _uninstall(module, token) -> None:
     saved, wrapper, fused, routed, own = token
     if routed:
-        gcn.unroute()
+        routed()  # gcn.unroute, once
     if isinstance(module.__dict__.get("__prepare_scriptable__"), _ScriptableCopy):
         del module.__dict__["__prepare_scriptable__"]
     if fused is not None and module.__dict__.get("forward") is fused:

@@ -63,6 +63,29 @@ def test_revert_restores_the_model():
     assert list(model.state_dict()) == keys
 
 
+def test_a_model_dropped_without_revert_gives_gcn_norm_back():
+    # PyG's gcn_norm is routed only while an attached (or accelerated) model exists: a model
+    # its user drops without revert() gives the route back when it is collected.
+    import gc
+
+    from lightning_fullgraph import kernels
+    gc.collect()
+    assert gcn_conv.gcn_norm is engine_norm._pyg_gcn_norm
+    model = Net("gcn", 8, 3)
+    partition_model(model, _exchange(10))
+    accelerated = torch.nn.Sequential(GCNConv(4, 4))
+    kernels.accelerate(accelerated, "torch")
+    assert gcn_conv.gcn_norm is compat.gcn_norm_router()
+    del model
+    gc.collect()
+    assert gcn_conv.gcn_norm is compat.gcn_norm_router()  # the accelerated layer still routes
+    del accelerated
+    gc.collect()
+    assert gcn_conv.gcn_norm is engine_norm._pyg_gcn_norm
+    assert sg_conv.gcn_norm is engine_norm._pyg_gcn_norm
+    assert not compat._gcn_norm_handlers
+
+
 def test_global_tensor_on_a_partition_is_a_clear_error():
     model = Net("sage_mean", 8, 3)
     handle = partition_model(model, _exchange(10))

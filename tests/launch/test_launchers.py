@@ -10,6 +10,8 @@ import pytest
 
 from lightning_fullgraph.kernels.cpp import ext_root
 
+from ..environment import fresh_environment
+
 ROOT = Path(__file__).resolve().parents[2]
 CI = os.environ.get("LIGHTNING_FULLGRAPH_CI", "0").lower() not in ("", "0", "false", "no")
 
@@ -39,7 +41,7 @@ def _script_or_skip(name, why):
 def _run_process(cmd, tmp_path, timeout=400):
     # A fresh partition cache, but the kernels this interpreter already compiled: a cache
     # of their own would compile them again in every test (about 40 s each).
-    env = dict(os.environ, LIGHTNING_FULLGRAPH_CACHE=str(tmp_path / "cache"),
+    env = fresh_environment(LIGHTNING_FULLGRAPH_CACHE=str(tmp_path / "cache"),
                LIGHTNING_FULLGRAPH_EXT_DIR=str(ext_root()), PYTHONPATH=str(ROOT),
                OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from ..environment import fresh_environment
+
 psutil = pytest.importorskip("psutil")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,17 +29,8 @@ NODES, DEVICES = 2, 2
 WORLD = NODES * DEVICES
 LIMIT_S = 240  # the whole job, start-up included; a hang fails here instead of blocking
 
-# Variables by which Lightning (or torch.distributed) would take the processes for ranks of
-# another launcher (torchrun, SLURM, MPI, ...) instead of launching its own.
-_FOREIGN = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "TORCHELASTIC_RUN_ID")
-_FOREIGN_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "LSB_", "JSM_", "TORCHELASTIC_",
-                     "PL_TRAINER_")
-
-
 def _env(node_rank, port, cache):
-    env = {k: v for k, v in os.environ.items()
-           if k not in _FOREIGN and not k.startswith(_FOREIGN_PREFIXES)}
+    env = fresh_environment()
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(node_rank),
                TEST_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
