@@ -143,8 +143,11 @@ def _replay(engine, calls, repeats: int) -> List[List[float]]:
         try:
             for i, call in enumerate(calls):
                 plan = engine.exchanges[call.mode].plan
-                ch = getattr(plan, call.channel)
-                send, recv = ch.send_counts.tolist(), ch.recv_counts.tolist()
+                channels = ("post", "pre") if call.channel == "both" else (call.channel, )
+                send = [sum(c) for c in zip(*(getattr(plan, ch).send_counts.tolist()
+                                              for ch in channels))]
+                recv = [sum(c) for c in zip(*(getattr(plan, ch).recv_counts.tolist()
+                                              for ch in channels))]
                 if call.reverse:
                     send, recv = recv, send
                 rows = torch.randn(sum(send), call.row_bytes // 4)

@@ -37,7 +37,7 @@ from typing import Any, Dict, List
 from ._common import add_out_argument, write_result
 
 #: The halo exchange's autograd functions, as the profiler names them (and their backwards).
-EXCHANGE_OPS = ("_HaloRows", "_HaloRecv", "_PreRows")
+EXCHANGE_OPS = ("_HaloRows", "_HaloRecv", "_PreRows", "_OneBuffer", "_RemotePart")
 
 
 def _train(rank: int, world: int, cfg: Dict[str, Any]) -> Dict[str, Any]:

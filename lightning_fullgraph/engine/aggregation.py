@@ -22,9 +22,10 @@ so it is agreed by all ranks (one all-reduce the first time each exchange point 
 With ``"auto"`` each eligible layer runs the mode predicted fastest on the link
 (:meth:`AggregationRouter.auto_mode`): per direction, each channel the mode uses costs one
 collective, :math:`\alpha (P - 1) + B / \beta` with :math:`B` the busiest rank's bytes (its
-rows, all-reduced once, times the layer's wire bytes per row).  Post sends the most rows in
-one collective, pre partial aggregates in one, hybrid the fewest rows in two: post or pre
-win where a layer's rows are narrow and latency dominates, hybrid where they are wide.
+rows, all-reduced once, times the layer's wire bytes per row).  Post sends the most rows,
+pre partial aggregates, hybrid the fewest rows; where rows cross the wire as they are, pre
+and hybrid send both channels in one collective (:mod:`.one_buffer`), else hybrid makes two,
+and then post or pre win where a layer's rows are narrow and latency dominates.
 """
 from typing import Any, Dict, Optional, Tuple
 
@@ -36,6 +37,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.nn.conv import MessagePassing
 
 from .agreement import Agreement
+from .one_buffer import one_buffer_applies
 from .errors import guarded
 
 __all__ = ["MODES", "PRE_LAYERS", "AggregationRouter", "pre_eligible", "propagated_width"]
@@ -211,8 +213,10 @@ class AggregationRouter:
         Per direction, each channel a mode uses (post rows, pre partials) costs one
         collective, :math:`\alpha (P - 1) + B / \beta` with :math:`B` the busiest rank's
         rows times the codec's wire bytes per row; the codec's own time is added for lossy
-        codecs.  Rows are all-reduced once and the link is the same on every rank, so every
-        rank picks the same mode.  Without a width (a layer whose exchanged width is not
+        codecs.  Where rows cross the wire as they are, pre and hybrid send both channels in
+        one collective (:mod:`.one_buffer`): one :math:`\alpha (P - 1)` per direction.
+        Rows are all-reduced once and the link is the same on every rank, so every rank
+        picks the same mode.  Without a width (a layer whose exchanged width is not
         known before its first exchange) the mode with the fewest busiest-rank rows wins.
         """
         known = self.auto_choices.get(layer)
@@ -221,8 +225,19 @@ class AggregationRouter:
         rows = self.busiest_rows()
         world = _world(self.group)
         predicted: Dict[str, float] = {}
+        point = f"{layer}.propagate0"
+        one_buffer = self.policy is None or one_buffer_applies(
+            self.policy, f"{point}.x", f"{point}.pre", training=True)
         for mode in MODES:
             seconds = 0.0
+            if one_buffer and mode != "post" and width is not None:
+                # Rows and partials in one collective per direction (.one_buffer).
+                n = rows[(mode, "post")] + rows[(mode, "pre")]
+                for direction in ("forward", "backward"):
+                    seconds += self._channel_seconds(n, width, dtype, f"{point}.x", direction,
+                                                     world)
+                predicted[mode] = seconds
+                continue
             for channel in ("post", "pre"):
                 n = rows[(mode, channel)]
                 if (mode, channel) in (("pre", "post"), ("post", "pre")):
@@ -357,6 +372,23 @@ class AggregationRouter:
         outer = outer.to(device=value.device, dtype=value.dtype).index_select(
             0, self._index(mode, "out_edges", value.device))
         return torch.cat([inner, outer], dim=0)
+
+    def split_pre_edges(self, edge_index: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        r"""A mode's edge list (one the engine made, so the same object every call) split
+        into its in-edges and its outgoing pre edges (destinations :math:`N_{own} + s`):
+        ``(in_edge_index, in_positions, pre_sources, pre_slots, pre_positions)``, positions
+        in :obj:`edge_index` (to split the edge values alike)."""
+        key = ("split", id(edge_index))
+        entry = self._cache.get(key)
+        if entry is None or entry[0] is not edge_index:
+            n = self.partition.num_owned
+            pre = edge_index[1] >= n
+            in_pos, pre_pos = (~pre).nonzero().view(-1), pre.nonzero().view(-1)
+            entry = (edge_index, edge_index.index_select(1, in_pos), in_pos,
+                     edge_index[0].index_select(0, pre_pos),
+                     edge_index[1].index_select(0, pre_pos) - n, pre_pos)
+            self._cache[key] = entry
+        return entry[1:]
 
     def in_degree(self, device: torch.device, dtype: torch.dtype) -> Tensor:
         r"""Global in-degree of the owned nodes (the rank holds all their in-edges)."""

@@ -27,6 +27,7 @@ from .cache import (CacheState, HaloCache, mask_bytes, pack_mask, per_peer, row_
                     select_rows, unpack_mask)
 from .codecs import Codec, IdentityCodec, WireContext
 from .codecs.registry import wire_bits
+from .one_buffer import OneBufferPlan
 from .pipeline import AsyncPipeline, PipeState
 from ..kernels.split import SplitRows, split_accepted
 from .context import current_layer
@@ -119,6 +120,8 @@ class HaloExchange:
         self._cache_states: dict = {}
         # The asynchronous pipeline's state, keyed the same way.
         self._pipes: dict = {}
+        # The one-buffer exchange's row positions, per device (one_buffer_plan).
+        self._one_buffer: dict = {}
         # Global node ids of the post channel's send slots, and of the destinations of the
         # pre channel's received rows (boundary sampling draws by them).
         self.send_ids: Optional[Tensor] = None
@@ -193,6 +196,16 @@ class HaloExchange:
         gradients on): only those may use cached rows; evaluation always sees fresh ones."""
         active = current_layer()
         return torch.is_grad_enabled() and active is not None and bool(active.training)
+
+    def one_buffer_plan(self, device: torch.device) -> OneBufferPlan:
+        r"""Where post rows and partials sit in the one-buffer exchange (:mod:`.one_buffer`),
+        with its indices on :obj:`device`."""
+        plan = self._one_buffer.get(device)
+        if plan is None:
+            plan = OneBufferPlan.of(self._post_send, self._post_recv, self._pre_send,
+                                    self._pre_recv, device)
+            self._one_buffer[device] = plan
+        return plan
 
     # -- the two channels ----------------------------------------------------------------------
     @torch.compiler.disable

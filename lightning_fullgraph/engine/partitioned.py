@@ -52,6 +52,9 @@ from .laplacian import wrap_chebyshev_norm
 from .propagation import unwrap_label_propagation, wrap_label_propagation
 from .context import ActiveLayer, current_layer, pop_layer, push_layer
 from .exchange import HaloExchange
+from .one_buffer import (Received, exchange_one_buffer, one_buffer_applies, pre_partials,
+                         start_one_buffer)
+from ..kernels.split import SplitRows, split_accepted
 from .norm import add_dispatcher, remove_dispatcher
 from .agreement import Agreement
 from .narrow_first import narrowable, narrowed_forward
@@ -116,6 +119,9 @@ class _Pending:
     exchange: HaloExchange
     point: str
     degree: Optional[Tensor]
+    # The partials received with the halo rows (the one-buffer exchange), added after the
+    # aggregation instead of the pre channel's collective.
+    received: Optional[Any] = None
 
 
 class PartitionedModel:
@@ -415,17 +421,58 @@ class PartitionedModel:
                 new_kwargs[arg] = router.mode_edge_values(
                     mode, value, router.edge_attr_key(value) if value is not None else None)
             edge_index = router.mode_edge_index(mode, edge_index.device)
+        degree = router.in_degree(edge_index.device, torch.long) if state.mean else None
+        if active is None:
+            raise RuntimeError(f"layer '{state.key}': propagate called outside its forward")
+        sources = [arg for arg in source_args if isinstance(_own_rows(kwargs.get(arg)), Tensor)]
+        if len(sources) == 1 and one_buffer_applies(ex.policy, f"{point}.{sources[0]}",
+                                                    f"{point}.pre", HaloExchange._training()):
+            done = self._one_buffer(ex, mode, point, sources[0], edge_index, new_kwargs,
+                                    state, active, degree)
+            if done is not None:
+                return done
         for arg in source_args:
             value = kwargs.get(arg)
             own = value[0] if isinstance(value, (tuple, list)) else value
             if isinstance(own, Tensor):
                 # Eligible layers read sources only (x_j): no destination rows are needed.
                 new_kwargs[arg] = (ex.extend(own, key=f"{point}.{arg}"), None)
-        degree = router.in_degree(edge_index.device, torch.long) if state.mean else None
-        if active is None:
-            raise RuntimeError(f"layer '{state.key}': propagate called outside its forward")
         active.pending.append(_Pending(mode, ex, point, degree))
         return edge_index, (ex.num_local, ex.num_targets), new_kwargs
+
+    def _one_buffer(self, ex: HaloExchange, mode: str, point: str, arg: str, edge_index: Tensor,
+                    kwargs: Dict[str, Any], state: LayerState, active: ActiveLayer,
+                    degree: Optional[Tensor]):
+        r"""The sender's partial aggregates computed before the aggregation and sent with the
+        halo rows in one collective (:mod:`.one_buffer`); the layer aggregates its in-edges.
+        ``None`` (nothing changed) where the partials would not have the rows' dtype."""
+        own = _own_rows(kwargs[arg])
+        values = [(name, kwargs[name]) for name in state.edge_args
+                  if isinstance(kwargs.get(name), Tensor)]
+        if len(values) > 1 or (values and torch.promote_types(
+                own.dtype, values[0][1].dtype) != own.dtype):
+            # Partials of another dtype than the rows (bfloat16 rows, fp32 weights under
+            # autocast) would be rounded to the rows' on the wire: two collectives instead.
+            # The same on every rank (dtypes, not values).
+            return None
+        in_edges, in_pos, pre_src, pre_slot, pre_pos = self.router.split_pre_edges(edge_index)
+        weight = None
+        for name, edge_value in values:  # aligned with the edges: split alike
+            weight = edge_value.index_select(0, pre_pos)
+            kwargs[name] = edge_value.index_select(0, in_pos)
+        if ex.overlap and own.dim() == 2 and (weight is None or not weight.requires_grad) \
+                and split_accepted():
+            # The owned edges aggregate while rows and partials travel (either way every
+            # rank makes the same collectives, so ranks may differ here).
+            local, complete, received = start_one_buffer(ex, own, pre_src, pre_slot, weight,
+                                                         f"{point}.{arg}")
+            kwargs[arg] = (SplitRows(local, complete, ex.num_halo), None)
+        else:
+            partials = pre_partials(own, pre_src, pre_slot, weight, ex.num_pre_slots)
+            rows, received = exchange_one_buffer(ex, own, partials, f"{point}.{arg}")
+            kwargs[arg] = (rows, None)
+        active.pending.append(_Pending(mode, ex, point, degree, received))
+        return in_edges, (ex.num_local, ex.num_owned), kwargs
 
     def _extend(self, exchange: HaloExchange, value: Tensor, module: MessagePassing, key: str,
                 point: str) -> Tensor:
@@ -440,6 +487,11 @@ class PartitionedModel:
                 f"but this rank owns {n_own} nodes: feed the model the rank-local "
                 "batch (batch.x of the partition), not the global graph")
         return exchange.extend(value, key=point, dim=dim)
+
+
+def _own_rows(value: Any) -> Any:
+    r"""The source rows of a ``propagate`` argument (``x`` or ``(x_src, x_dst)``)."""
+    return value[0] if isinstance(value, (tuple, list)) and value else value
 
 
 def _source_width(module: MessagePassing, kwargs: Dict[str, Any],
@@ -495,7 +547,12 @@ def _combine(module, inputs, output):
         return output
     pending = active.pending.pop(0)
     out = output
-    if pending.mode != "post":
+    if pending.received is not None:  # the partials came with the halo rows
+        received = pending.received
+        if isinstance(received, Received):  # overlapped: complete by now
+            received = received.rows
+        out = out.index_add(0, pending.exchange.plan.pre.recv_index, received.to(out.dtype))
+    elif pending.mode != "post":
         # The aggregation's output (pre layers keep PyG's identity `update`: pre_eligible) is
         # fresh and replaced by the result: add into it, unless a propagate hook that ran
         # before this one (the user's) may have kept it.

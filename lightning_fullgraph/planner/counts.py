@@ -122,12 +122,16 @@ class RankCounts(JsonRecord):
 
         Args:
             mode (str): Aggregation mode of the plan.
-            channel (str): ``"post"`` or ``"pre"``.
+            channel (str): ``"post"``, ``"pre"`` or ``"both"`` (one buffer of both).
             reverse (bool): Rows flow against the channel (backward, slot degrees).
 
         Returns:
             Tuple[List[int], List[int]]: ``(sent per peer, received per peer)``.
         """
+        if channel == "both":  # rows and partials in one buffer (engine/one_buffer.py)
+            post, pre = self.rows(mode, "post", reverse), self.rows(mode, "pre", reverse)
+            return ([a + b for a, b in zip(post[0], pre[0])],
+                    [a + b for a, b in zip(post[1], pre[1])])
         name = f"{mode}.{channel}"
         if name not in self.send:
             raise KeyError(f"rank {self.rank} has no {mode!r} plan (modes: {list(self.modes)})")

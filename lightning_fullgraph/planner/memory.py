@@ -48,12 +48,13 @@ def memory_estimate(profile: ExchangeProfile, counts: RankCounts) -> Dict[str, i
     for call in profile.train_first:
         if call.direction != "forward" or call.reverse:
             continue
-        sent, received = counts.rows(call.mode, call.channel, call.reverse)
         row = call.decoded_row_bytes
-        if call.channel == "post":
-            out["halo"] += sum(received) * row
-        else:
-            out["pre_slots"] += (sum(sent) + sum(received)) * row
+        for channel in (("post", "pre") if call.channel == "both" else (call.channel, )):
+            sent, received = counts.rows(call.mode, channel, call.reverse)
+            if channel == "post":
+                out["halo"] += sum(received) * row
+            else:
+                out["pre_slots"] += (sum(sent) + sum(received)) * row
         out["activations"] += counts.num_owned * row
     out["total"] = sum(out.values())
     return out

@@ -50,7 +50,8 @@ class ExchangeCall(JsonRecord):
         key (str): Exchange point, as in :class:`~lightning_fullgraph.engine.CommStats`.
         direction (str): ``"forward"`` or ``"backward"``.
         mode (str): Plan of the exchange that ran it: ``"post"``, ``"pre"`` or ``"hybrid"``.
-        channel (str): ``"post"`` (source rows) or ``"pre"`` (partial aggregates).
+        channel (str): ``"post"`` (source rows), ``"pre"`` (partial aggregates) or
+            ``"both"`` (the two in one buffer: exact pre and hybrid layers).
         reverse (bool): Rows flow against the channel (the channel's receivers send:
             gradients of halo rows, slot degrees fetched from their owners).
         width (int): Values per (decoded) row.
@@ -248,6 +249,11 @@ def _classify(ex: Any, send_counts: Any) -> Optional[Tuple[str, bool]]:
             return channel, False
         if send_counts is getattr(ex, rev, None):
             return channel, True
+    for plan in getattr(ex, "_one_buffer", {}).values():  # rows and partials in one buffer
+        if send_counts is plan.send_counts:
+            return "both", False
+        if send_counts is plan.recv_counts:
+            return "both", True
     for channel, fwd, rev in lists:  # by value, when no list matches by identity
         if send_counts == getattr(ex, fwd, None) and getattr(ex, fwd) != getattr(ex, rev):
             return channel, False
@@ -300,6 +306,10 @@ class ExchangeRecorder:
                 # Overlapped exchanges start their transfers here, not through _send.
                 ex._transfer_async = self._wrap_send(ex, ex._transfer_async, nested=False)
                 self._installed.append((ex, "_transfer_async"))
+            if hasattr(ex, "_transfer"):
+                # The one-buffer exchange (rows and partials) transfers without _send.
+                ex._transfer = self._wrap_send(ex, ex._transfer, nested=False)
+                self._installed.append((ex, "_transfer"))
             if hasattr(ex, "_send_sampled"):
                 # Boundary sampling sends a sample of the plan's rows, drawn per step.
                 ex._send_sampled = self._wrap_sampled(ex, ex._send_sampled)

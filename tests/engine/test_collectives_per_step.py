@@ -21,7 +21,8 @@ from .models import rank_partition
 #: the gradient all-reduce (one bucket for this model).
 EXPECTED = {
     ("gcn", "post"): dict(exchange=2, control=3, gradients=1),
-    ("gcn", "hybrid"): dict(exchange=4, control=3, gradients=1),
+    ("gcn", "hybrid"): dict(exchange=2, control=3, gradients=1),
+    ("gcn", "hybrid+int2"): dict(exchange=4, control=3, gradients=1),
     ("gcn", "pre"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+int2"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+cache"): dict(exchange=4, control=3, gradients=1),
@@ -30,7 +31,7 @@ EXPECTED = {
     ("gcn", "post+cache+pipeline"): dict(exchange=4, control=3, gradients=1),
     ("gcn", "post+sampling"): dict(exchange=2, control=3, gradients=1),
     ("sage", "post"): dict(exchange=2, control=2, gradients=1),
-    ("sage", "hybrid"): dict(exchange=4, control=2, gradients=1),
+    ("sage", "hybrid"): dict(exchange=2, control=2, gradients=1),
 }
 
 

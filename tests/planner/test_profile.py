@@ -38,14 +38,25 @@ def test_gcn_post_exchanges_transformed_rows_and_degrees():
         ("convs.1.propagate0.x", "forward")]
 
 
-def test_gcn_hybrid_adds_pre_channel_and_slot_degrees():
+def test_gcn_hybrid_sends_rows_and_partials_together_and_slot_degrees():
     profile = profile_model(build("gcn", IN), IN, aggregation="hybrid", forward=_dropout_forward)
     widths = _widths(profile.train_first)
     assert ("convs.0.degree.slots", "forward", "hybrid", "pre", True, 1) in widths
-    assert ("convs.0.propagate0.pre", "forward", "hybrid", "pre", False, HIDDEN) in widths
-    assert ("convs.0.propagate0.pre", "backward", "hybrid", "pre", True, HIDDEN) in widths
-    assert ("convs.1.propagate0.x", "forward", "hybrid", "post", False, CLASSES) in widths
+    # Exact: post rows and pre partials in one buffer per peer (engine/one_buffer.py).
+    assert ("convs.0.propagate0.x", "forward", "hybrid", "both", False, HIDDEN) in widths
+    assert ("convs.0.propagate0.x", "backward", "hybrid", "both", True, HIDDEN) in widths
+    assert ("convs.1.propagate0.x", "forward", "hybrid", "both", False, CLASSES) in widths
     assert all(c.mode == "hybrid" for c in profile.train_first)
+    assert not any(w[3] == "pre" and w[5] != 1 for w in widths)
+
+
+def test_gcn_hybrid_with_a_lossy_codec_keeps_the_pre_channel_apart():
+    profile = profile_model(build("gcn", IN), IN, aggregation="hybrid", forward=_dropout_forward,
+                            codec="int8")
+    widths = {w[:5] for w in _widths(profile.train_first)}
+    assert ("convs.0.propagate0.pre", "forward", "hybrid", "pre", False) in widths
+    assert ("convs.0.propagate0.pre", "backward", "hybrid", "pre", True) in widths
+    assert ("convs.1.propagate0.x", "forward", "hybrid", "post", False) in widths
 
 
 @pytest.mark.parametrize("kind", ["sage", "gin"])

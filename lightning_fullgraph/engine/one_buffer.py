@@ -1,0 +1,275 @@
+r"""Post rows and pre partials in one buffer per peer: one collective per direction.
+
+A hybrid (or pre) layer used to make two collectives per direction: the post channel's source
+rows before its aggregation, and the pre channel's partial aggregates after it.  The partials
+depend only on the sender's own rows and the edge values both ends hold (the message of a
+:data:`~.aggregation.PRE_LAYERS` layer is a source row times an edge scalar), so the sender can
+compute them *before* the aggregation, from the same rows it sends.  Both then travel in one
+``all_to_all_single``: for each peer its post rows, then its partials.  The receiver aggregates
+its in-edges over ``[owned; halo]`` and adds the partials it received into their destinations
+afterwards.  The backward is its mirror: the gradients of the halo rows and of the partials
+received go back in one buffer.
+
+Exactness: the partials are the sums the pre channel sent, over the same edges and values, so
+the result equals the two-collective exchange (and single-process PyG) to floating-point
+rounding (the pre edges' terms are summed apart from the in-edges'); the exactness suite runs
+it in every lossless mode.
+
+It is taken where every row crosses the wire as it is (identity codecs on both channels, and
+during training no halo cache, pipeline or boundary sampling, stages that treat the two
+channels differently): conditions the same on every rank, so all ranks make the same
+collectives.  Otherwise the layer keeps the two collectives.
+"""
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .codecs import IdentityCodec
+
+__all__ = ["OneBufferPlan", "one_buffer_applies", "exchange_one_buffer", "start_one_buffer",
+           "pre_partials", "Received"]
+
+
+@dataclass
+class OneBufferPlan:
+    r"""Where each row sits in the one-buffer exchange of a :class:`~.exchange.HaloExchange`.
+
+    Args:
+        send_counts (List[int]): Rows sent to each peer (post rows plus partials).
+        recv_counts (List[int]): Rows received from each peer.
+        send_order (torch.Tensor): Position in ``[post rows; partials]`` of each wire row sent.
+        halo_pos (torch.Tensor): Wire rows received that are halo rows, in halo order.
+        pre_pos (torch.Tensor): Wire rows received that are partials, in the pre channel's
+            receive order (``plan.pre.recv_index`` gives their destinations).
+    """
+    send_counts: List[int]
+    recv_counts: List[int]
+    send_order: Tensor
+    halo_pos: Tensor
+    pre_pos: Tensor
+
+    @classmethod
+    def of(cls, post_send: List[int], post_recv: List[int], pre_send: List[int],
+           pre_recv: List[int], device: torch.device) -> "OneBufferPlan":
+        num_post = sum(post_send)
+        order, halo, pre = [], [], []
+        post_at, pre_at, recv_at = 0, num_post, 0
+        for a, b, c, d in zip(post_send, pre_send, post_recv, pre_recv):
+            order.append(torch.arange(post_at, post_at + a))
+            order.append(torch.arange(pre_at, pre_at + b))
+            halo.append(torch.arange(recv_at, recv_at + c))
+            pre.append(torch.arange(recv_at + c, recv_at + c + d))
+            post_at, pre_at, recv_at = post_at + a, pre_at + b, recv_at + c + d
+        cat = lambda parts: torch.cat(parts).to(device)  # noqa: E731
+        return cls([a + b for a, b in zip(post_send, pre_send)],
+                   [c + d for c, d in zip(post_recv, pre_recv)], cat(order), cat(halo), cat(pre))
+
+
+def one_buffer_applies(policy, key: str, pre_key: str, training: bool) -> bool:
+    r"""Whether the :class:`~.policy.ExchangePolicy` sends every row of both channels as it
+    is at this exchange point (the same answer on every rank: it reads the policy and the
+    training flag only)."""
+    for point in (key, pre_key):
+        for direction in ("forward", "backward"):
+            if not isinstance(policy.codec(point, direction), IdentityCodec):
+                return False
+            if training and policy.cache(point, direction) is not None:
+                return False
+    if training and (policy.pipeline is not None or (
+            policy.sampling is not None and policy.sampling.rate < 1.0)):
+        return False
+    return True
+
+
+def pre_partials(own: Tensor, src: Tensor, slot: Tensor, value: Optional[Tensor],
+                 num_slots: int) -> Tensor:
+    r"""The pre slots' partial aggregates: :math:`p_s = \sum_{(j, s)} w_{js} x_j` over this
+    rank's outgoing pre edges (``src`` owned rows, ``slot`` pre slots, ``value`` their edge
+    scalars or :obj:`None` for 1); differentiable in :obj:`own` and :obj:`value`."""
+    rows = own.index_select(0, src)
+    if value is not None:  # promoted as PyG's messages are (bfloat16 rows, fp32 weights)
+        rows = value.view((-1, ) + (1, ) * (rows.dim() - 1)) * rows
+    out = rows.new_zeros((num_slots, ) + tuple(own.shape[1:]))
+    return out.index_add(0, slot, rows)
+
+
+def exchange_one_buffer(ex, own: Tensor, partials: Tensor, key: str) -> Tuple[Tensor, Tensor]:
+    r"""``[owned; halo]`` rows and the partials this rank receives, in one collective per
+    direction (:class:`_OneBuffer`)."""
+    return _OneBuffer.apply(own, partials, ex, key)
+
+
+def _pack(ex, plan: OneBufferPlan, own: Tensor, partials: Tensor, width: int) -> Tensor:
+    r"""The wire rows: for each peer its post rows, then its partials."""
+    send = torch.cat([own.index_select(0, ex.plan.post.send_index).reshape(-1, width),
+                      partials.to(own.dtype).reshape(-1, width)])
+    return send.index_select(0, plan.send_order)
+
+
+def _pack_grad(plan: OneBufferPlan, grad_halo: Tensor, grad_received: Optional[Tensor],
+               width: int) -> Tensor:
+    r"""The backward's wire rows: the gradients of the rows received, in their places."""
+    wire = grad_halo.new_zeros((plan.halo_pos.numel() + plan.pre_pos.numel(), width))
+    wire.index_copy_(0, plan.halo_pos, grad_halo.reshape(-1, width))
+    if grad_received is not None:
+        wire.index_copy_(0, plan.pre_pos, grad_received.reshape(-1, width).to(wire.dtype))
+    return wire
+
+
+def _unpack_grad(ex, plan: OneBufferPlan, back: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""The gradients of the post rows sent and of the partials sent."""
+    unordered = torch.empty_like(back)
+    unordered.index_copy_(0, plan.send_order, back)
+    num_post = ex.plan.post.send_index.numel()
+    return unordered[:num_post], unordered[num_post:]
+
+
+class _OneBuffer(torch.autograd.Function):
+    r"""``(own [N_own, *], partials [S_pre, *]) -> ([N_own + N_halo, *], [R_pre, *])``."""
+
+    @staticmethod
+    def forward(ctx, own: Tensor, partials: Tensor, ex, key: str):
+        ctx.ex, ctx.key = ex, key
+        plan: OneBufferPlan = ex.one_buffer_plan(own.device)
+        shape = tuple(own.shape[1:])
+        width = math.prod(shape)
+        received, _ = ex._transfer(_pack(ex, plan, own, partials, width), plan.send_counts,
+                                   plan.recv_counts, key, "forward")
+        rows = own.new_empty((own.size(0) + ex.num_halo, ) + shape)
+        rows[:own.size(0)].copy_(own)
+        torch.index_select(received, 0, plan.halo_pos,
+                           out=rows[own.size(0):].view(ex.num_halo, width))
+        return rows, received.index_select(0, plan.pre_pos).reshape((-1, ) + shape)
+
+    @staticmethod
+    def backward(ctx, grad_rows: Tensor, grad_received: Optional[Tensor]):
+        ex = ctx.ex
+        plan: OneBufferPlan = ex.one_buffer_plan(grad_rows.device)
+        n = ex.num_owned
+        shape = tuple(grad_rows.shape[1:])
+        width = math.prod(shape)
+        wire = _pack_grad(plan, grad_rows[n:], grad_received, width)
+        back, _ = ex._transfer(wire, plan.recv_counts, plan.send_counts, ctx.key, "backward")
+        grad_post, grad_partials = _unpack_grad(ex, plan, back)
+        grad_own = grad_rows[:n].clone()
+        grad_own.view(n, width).index_add_(0, ex.plan.post.send_index, grad_post)
+        return grad_own, grad_partials.reshape((-1, ) + shape), None, None
+
+
+# -- overlapped: the owned edges aggregate while the buffer travels -------------------------------
+class Received:
+    r"""The partials an overlapped exchange receives, set when its halo rows complete."""
+
+    __slots__ = ("rows", )
+
+    def __init__(self) -> None:
+        self.rows: Optional[Tensor] = None
+
+
+class _Handoff:
+    r"""Between the two backward halves of an overlapped one-buffer exchange (as the post
+    channel's :class:`~.exchange._GradHandoff`), with what the partials' backward needs."""
+
+    __slots__ = ("pending", "owned_done", "src", "slot", "weight")
+
+    def __init__(self, src: Tensor, slot: Tensor, weight: Optional[Tensor]) -> None:
+        self.pending = None
+        self.owned_done = False
+        self.src, self.slot, self.weight = src, slot, weight
+
+    def add_into(self, ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor) -> Tensor:
+        r""":obj:`grad_own` plus the gradients that came back: of the post rows sent, and
+        through the partials (:math:`\partial p_s / \partial x_j = w_{js}`)."""
+        n, width = grad_own.size(0), math.prod(grad_own.shape[1:])
+        grad_post, grad_partials = _unpack_grad(ex, plan, back.to(grad_own.dtype))
+        rows = grad_partials.index_select(0, self.slot)
+        if self.weight is not None:
+            rows = (self.weight.view(-1, 1) * rows).to(rows.dtype)
+        grad_own = grad_own.reshape(n, width).index_add(0, ex.plan.post.send_index, grad_post)
+        return grad_own.index_add_(0, self.src, rows)
+
+
+def start_one_buffer(ex, own: Tensor, src: Tensor, slot: Tensor, weight: Optional[Tensor],
+                     key: str):
+    r"""Starts the one-buffer exchange and returns ``(owned rows, complete, received)``:
+    ``complete()`` waits and returns the halo rows (for a
+    :class:`~lightning_fullgraph.kernels.split.SplitRows`), after which ``received.rows``
+    holds the partials received.  The backward overlaps too: the gradients start back as
+    soon as the halo part's backward has run, and are added when the owned part's has.
+    :obj:`weight` must not require a gradient (it is not returned)."""
+    plan: OneBufferPlan = ex.one_buffer_plan(own.device)
+    shape = tuple(own.shape[1:])
+    width = math.prod(shape)
+    with torch.no_grad():
+        partials = pre_partials(own, src, slot, weight, ex.num_pre_slots)
+        finish = ex._transfer_async(_pack(ex, plan, own, partials, width), plan.send_counts,
+                                    plan.recv_counts, key, "forward")
+    handoff = _Handoff(src, slot, weight) if own.requires_grad and torch.is_grad_enabled() \
+        else None
+    local = _OwnedPart.apply(own, ex, handoff) if handoff is not None else own
+    received = Received()
+
+    def complete() -> Tensor:
+        halo, received.rows = _RemotePart.apply(own, ex, key, finish, handoff)
+        return halo
+
+    return local, complete, received
+
+
+class _RemotePart(torch.autograd.Function):
+    r"""``own -> (halo rows, partials received)``, the transfer started before; backward
+    starts the gradients back (completed by :class:`_OwnedPart`), or sends them at once
+    when the owned part's backward already ran."""
+
+    @staticmethod
+    def forward(ctx, own: Tensor, ex, key: str, finish, handoff: Optional[_Handoff]):
+        ctx.ex, ctx.key, ctx.handoff = ex, key, handoff
+        ctx.shape = tuple(own.shape)
+        plan: OneBufferPlan = ex.one_buffer_plan(own.device)
+        flat = finish().to(own.dtype)
+        rest = tuple(own.shape[1:])
+        return flat.index_select(0, plan.halo_pos).reshape((-1, ) + rest), \
+            flat.index_select(0, plan.pre_pos).reshape((-1, ) + rest)
+
+    @staticmethod
+    def backward(ctx, grad_halo: Optional[Tensor], grad_received: Optional[Tensor]):
+        ex, handoff = ctx.ex, ctx.handoff
+        like = grad_halo if grad_halo is not None else grad_received
+        plan: OneBufferPlan = ex.one_buffer_plan(like.device)
+        width = math.prod(ctx.shape[1:])
+        if grad_halo is None:
+            grad_halo = like.new_zeros((plan.halo_pos.numel(), ) + ctx.shape[1:])
+        wire = _pack_grad(plan, grad_halo, grad_received, width)
+        if handoff is not None and not handoff.owned_done:
+            handoff.pending = (plan, ex._transfer_async(wire, plan.recv_counts,
+                                                        plan.send_counts, ctx.key, "backward"))
+            return None, None, None, None, None
+        back, _ = ex._transfer(wire, plan.recv_counts, plan.send_counts, ctx.key, "backward")
+        grad_own = like.new_zeros(ctx.shape)
+        if handoff is None:  # no gradient of own was expected: nothing to add it to
+            return None, None, None, None, None
+        return handoff.add_into(ex, plan, grad_own, back).reshape(ctx.shape), None, None, \
+            None, None
+
+
+class _OwnedPart(torch.autograd.Function):
+    r"""Identity on the owned rows; its backward runs after the owned part's and completes
+    the gradients' transfer started by :class:`_RemotePart`."""
+
+    @staticmethod
+    def forward(ctx, own: Tensor, ex, handoff: _Handoff) -> Tensor:
+        ctx.ex, ctx.handoff = ex, handoff
+        return own.view_as(own)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        handoff: _Handoff = ctx.handoff
+        pending, handoff.pending = handoff.pending, None
+        handoff.owned_done = True
+        if pending is None:  # the remote part's backward has not run: it sends at once
+            return grad, None, None
+        plan, finish = pending
+        return handoff.add_into(ctx.ex, plan, grad, finish()).reshape(grad.shape), None, None
