@@ -40,32 +40,35 @@ class OneBufferPlan:
     Args:
         send_counts (List[int]): Rows sent to each peer (post rows plus partials).
         recv_counts (List[int]): Rows received from each peer.
-        send_order (torch.Tensor): Position in ``[post rows; partials]`` of each wire row sent.
+        post_dest (torch.Tensor): Wire row of each post row sent (``plan.post.send_index``
+            order).
+        pre_dest (torch.Tensor): Wire row of each partial sent (pre slot order).
         halo_pos (torch.Tensor): Wire rows received that are halo rows, in halo order.
         pre_pos (torch.Tensor): Wire rows received that are partials, in the pre channel's
             receive order (``plan.pre.recv_index`` gives their destinations).
     """
     send_counts: List[int]
     recv_counts: List[int]
-    send_order: Tensor
+    post_dest: Tensor
+    pre_dest: Tensor
     halo_pos: Tensor
     pre_pos: Tensor
 
     @classmethod
     def of(cls, post_send: List[int], post_recv: List[int], pre_send: List[int],
            pre_recv: List[int], device: torch.device) -> "OneBufferPlan":
-        num_post = sum(post_send)
-        order, halo, pre = [], [], []
-        post_at, pre_at, recv_at = 0, num_post, 0
+        post_dest, pre_dest, halo, pre = [], [], [], []
+        send_at, recv_at = 0, 0
         for a, b, c, d in zip(post_send, pre_send, post_recv, pre_recv):
-            order.append(torch.arange(post_at, post_at + a))
-            order.append(torch.arange(pre_at, pre_at + b))
+            post_dest.append(torch.arange(send_at, send_at + a))
+            pre_dest.append(torch.arange(send_at + a, send_at + a + b))
             halo.append(torch.arange(recv_at, recv_at + c))
             pre.append(torch.arange(recv_at + c, recv_at + c + d))
-            post_at, pre_at, recv_at = post_at + a, pre_at + b, recv_at + c + d
+            send_at, recv_at = send_at + a + b, recv_at + c + d
         cat = lambda parts: torch.cat(parts).to(device)  # noqa: E731
         return cls([a + b for a, b in zip(post_send, pre_send)],
-                   [c + d for c, d in zip(post_recv, pre_recv)], cat(order), cat(halo), cat(pre))
+                   [c + d for c, d in zip(post_recv, pre_recv)], cat(post_dest), cat(pre_dest),
+                   cat(halo), cat(pre))
 
 
 def one_buffer_applies(policy, key: str, pre_key: str, training: bool) -> bool:
@@ -104,27 +107,28 @@ def exchange_one_buffer(ex, own: Tensor, partials: Tensor, key: str) -> Tuple[Te
 
 def _pack(ex, plan: OneBufferPlan, own: Tensor, partials: Tensor, width: int) -> Tensor:
     r"""The wire rows: for each peer its post rows, then its partials."""
-    send = torch.cat([own.index_select(0, ex.plan.post.send_index).reshape(-1, width),
-                      partials.to(own.dtype).reshape(-1, width)])
-    return send.index_select(0, plan.send_order)
+    wire = own.new_empty((plan.post_dest.numel() + plan.pre_dest.numel(), width))
+    wire.index_copy_(0, plan.post_dest,
+                     own.index_select(0, ex.plan.post.send_index).reshape(-1, width))
+    wire.index_copy_(0, plan.pre_dest, partials.to(own.dtype).reshape(-1, width))
+    return wire
 
 
 def _pack_grad(plan: OneBufferPlan, grad_halo: Tensor, grad_received: Optional[Tensor],
                width: int) -> Tensor:
     r"""The backward's wire rows: the gradients of the rows received, in their places."""
-    wire = grad_halo.new_zeros((plan.halo_pos.numel() + plan.pre_pos.numel(), width))
+    wire = grad_halo.new_empty((plan.halo_pos.numel() + plan.pre_pos.numel(), width))
     wire.index_copy_(0, plan.halo_pos, grad_halo.reshape(-1, width))
-    if grad_received is not None:
+    if grad_received is None:
+        wire.index_fill_(0, plan.pre_pos, 0)
+    else:
         wire.index_copy_(0, plan.pre_pos, grad_received.reshape(-1, width).to(wire.dtype))
     return wire
 
 
 def _unpack_grad(ex, plan: OneBufferPlan, back: Tensor) -> Tuple[Tensor, Tensor]:
     r"""The gradients of the post rows sent and of the partials sent."""
-    unordered = torch.empty_like(back)
-    unordered.index_copy_(0, plan.send_order, back)
-    num_post = ex.plan.post.send_index.numel()
-    return unordered[:num_post], unordered[num_post:]
+    return back.index_select(0, plan.post_dest), back.index_select(0, plan.pre_dest)
 
 
 class _OneBuffer(torch.autograd.Function):

@@ -11,12 +11,12 @@ from lightning_fullgraph.engine.one_buffer import OneBufferPlan, one_buffer_appl
 
 
 def test_the_plan_puts_each_peers_rows_then_its_partials_together():
-    # Peer 1 gets post rows 0, 1 and partial 0; peer 2 post row 2 and partials 1, 2 (in the
-    # concatenation [post rows; partials] those are 3, 4, 5).
+    # Peer 1 gets post rows 0, 1 and partial 0 (wire rows 0-2); peer 2 post row 2 and
+    # partials 1, 2 (wire rows 3-5).
     plan = OneBufferPlan.of(post_send=[0, 2, 1], post_recv=[0, 1, 1], pre_send=[0, 1, 2],
                             pre_recv=[0, 2, 0], device=torch.device("cpu"))
     assert plan.send_counts == [0, 3, 3] and plan.recv_counts == [0, 3, 1]
-    assert plan.send_order.tolist() == [0, 1, 3, 2, 4, 5]
+    assert plan.post_dest.tolist() == [0, 1, 3] and plan.pre_dest.tolist() == [2, 4, 5]
     # Received: peer 1's halo row, its two partials, then peer 2's halo row.
     assert plan.halo_pos.tolist() == [0, 3] and plan.pre_pos.tolist() == [1, 2]
 
