@@ -99,10 +99,27 @@ def pre_partials(own: Tensor, src: Tensor, slot: Tensor, value: Optional[Tensor]
     return out.index_add(0, slot, rows)
 
 
-def exchange_one_buffer(ex, own: Tensor, partials: Tensor, key: str) -> Tuple[Tensor, Tensor]:
+def exchange_one_buffer(ex, own: Tensor, src: Tensor, slot: Tensor, weight: Optional[Tensor],
+                        key: str) -> Tuple[Tensor, Tensor]:
     r"""``[owned; halo]`` rows and the partials this rank receives, in one collective per
-    direction (:class:`_OneBuffer`)."""
-    return _OneBuffer.apply(own, partials, ex, key)
+    direction (:class:`_OneBuffer`); the partials are computed from :obj:`own` over the pre
+    edges ``src -> slot`` with edge scalars :obj:`weight`, which must not require a
+    gradient."""
+    return _OneBuffer.apply(own, ex, key, src, slot, weight)
+
+
+def _add_grads(ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor, src: Tensor,
+               slot: Tensor, weight: Optional[Tensor]) -> Tensor:
+    r""":obj:`grad_own` (``[N_own, *]``) plus the gradients that came back: of the post rows
+    sent, and through the partials (:math:`\partial p_s / \partial x_j = w_{js}`), added
+    where they belong (no ``[N_own, *]`` buffer per term, as autograd's index backward makes)."""
+    n, width = grad_own.size(0), math.prod(grad_own.shape[1:])
+    grad_post, grad_partials = _unpack_grad(ex, plan, back.to(grad_own.dtype))
+    rows = grad_partials.index_select(0, slot)
+    if weight is not None:
+        rows = (weight.view(-1, 1) * rows).to(rows.dtype)
+    grad_own = grad_own.reshape(n, width).index_add(0, ex.plan.post.send_index, grad_post)
+    return grad_own.index_add_(0, src, rows)
 
 
 def _pack(ex, plan: OneBufferPlan, own: Tensor, partials: Tensor, width: int) -> Tensor:
@@ -132,14 +149,17 @@ def _unpack_grad(ex, plan: OneBufferPlan, back: Tensor) -> Tuple[Tensor, Tensor]
 
 
 class _OneBuffer(torch.autograd.Function):
-    r"""``(own [N_own, *], partials [S_pre, *]) -> ([N_own + N_halo, *], [R_pre, *])``."""
+    r"""``own [N_own, *] -> ([N_own + N_halo, *], [R_pre, *])``: rows and partials out, halo
+    rows and partials in."""
 
     @staticmethod
-    def forward(ctx, own: Tensor, partials: Tensor, ex, key: str):
-        ctx.ex, ctx.key = ex, key
+    def forward(ctx, own: Tensor, ex, key: str, src: Tensor, slot: Tensor,
+                weight: Optional[Tensor]):
+        ctx.ex, ctx.key, ctx.pre = ex, key, (src, slot, weight)
         plan: OneBufferPlan = ex.one_buffer_plan(own.device)
         shape = tuple(own.shape[1:])
         width = math.prod(shape)
+        partials = pre_partials(own, src, slot, weight, ex.num_pre_slots)
         received, _ = ex._transfer(_pack(ex, plan, own, partials, width), plan.send_counts,
                                    plan.recv_counts, key, "forward")
         rows = own.new_empty((own.size(0) + ex.num_halo, ) + shape)
@@ -154,13 +174,10 @@ class _OneBuffer(torch.autograd.Function):
         plan: OneBufferPlan = ex.one_buffer_plan(grad_rows.device)
         n = ex.num_owned
         shape = tuple(grad_rows.shape[1:])
-        width = math.prod(shape)
-        wire = _pack_grad(plan, grad_rows[n:], grad_received, width)
+        wire = _pack_grad(plan, grad_rows[n:], grad_received, math.prod(shape))
         back, _ = ex._transfer(wire, plan.recv_counts, plan.send_counts, ctx.key, "backward")
-        grad_post, grad_partials = _unpack_grad(ex, plan, back)
-        grad_own = grad_rows[:n].clone()
-        grad_own.view(n, width).index_add_(0, ex.plan.post.send_index, grad_post)
-        return grad_own, grad_partials.reshape((-1, ) + shape), None, None
+        grad_own = _add_grads(ex, plan, grad_rows[:n], back, *ctx.pre)
+        return grad_own.reshape((n, ) + shape), None, None, None, None, None
 
 
 # -- overlapped: the owned edges aggregate while the buffer travels -------------------------------
@@ -185,15 +202,7 @@ class _Handoff:
         self.src, self.slot, self.weight = src, slot, weight
 
     def add_into(self, ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor) -> Tensor:
-        r""":obj:`grad_own` plus the gradients that came back: of the post rows sent, and
-        through the partials (:math:`\partial p_s / \partial x_j = w_{js}`)."""
-        n, width = grad_own.size(0), math.prod(grad_own.shape[1:])
-        grad_post, grad_partials = _unpack_grad(ex, plan, back.to(grad_own.dtype))
-        rows = grad_partials.index_select(0, self.slot)
-        if self.weight is not None:
-            rows = (self.weight.view(-1, 1) * rows).to(rows.dtype)
-        grad_own = grad_own.reshape(n, width).index_add(0, ex.plan.post.send_index, grad_post)
-        return grad_own.index_add_(0, self.src, rows)
+        return _add_grads(ex, plan, grad_own, back, self.src, self.slot, self.weight)
 
 
 def start_one_buffer(ex, own: Tensor, src: Tensor, slot: Tensor, weight: Optional[Tensor],

@@ -52,8 +52,7 @@ from .laplacian import wrap_chebyshev_norm
 from .propagation import unwrap_label_propagation, wrap_label_propagation
 from .context import ActiveLayer, current_layer, pop_layer, push_layer
 from .exchange import HaloExchange
-from .one_buffer import (Received, exchange_one_buffer, one_buffer_applies, pre_partials,
-                         start_one_buffer)
+from .one_buffer import Received, exchange_one_buffer, one_buffer_applies, start_one_buffer
 from ..kernels.split import SplitRows, split_accepted
 from .norm import add_dispatcher, remove_dispatcher
 from .agreement import Agreement
@@ -449,27 +448,27 @@ class PartitionedModel:
         own = _own_rows(kwargs[arg])
         values = [(name, kwargs[name]) for name in state.edge_args
                   if isinstance(kwargs.get(name), Tensor)]
-        if len(values) > 1 or (values and torch.promote_types(
-                own.dtype, values[0][1].dtype) != own.dtype):
+        if len(values) > 1 or (values and (values[0][1].requires_grad or torch.promote_types(
+                own.dtype, values[0][1].dtype) != own.dtype)):
             # Partials of another dtype than the rows (bfloat16 rows, fp32 weights under
-            # autocast) would be rounded to the rows' on the wire: two collectives instead.
-            # The same on every rank (dtypes, not values).
+            # autocast) would be rounded to the rows' on the wire, and a learned edge weight's
+            # gradient is PyG's message backward's: two collectives instead. The same on
+            # every rank (dtypes and flags, not values).
             return None
         in_edges, in_pos, pre_src, pre_slot, pre_pos = self.router.split_pre_edges(edge_index)
         weight = None
         for name, edge_value in values:  # aligned with the edges: split alike
             weight = edge_value.index_select(0, pre_pos)
             kwargs[name] = edge_value.index_select(0, in_pos)
-        if ex.overlap and own.dim() == 2 and (weight is None or not weight.requires_grad) \
-                and split_accepted():
+        if ex.overlap and own.dim() == 2 and split_accepted():
             # The owned edges aggregate while rows and partials travel (either way every
             # rank makes the same collectives, so ranks may differ here).
             local, complete, received = start_one_buffer(ex, own, pre_src, pre_slot, weight,
                                                          f"{point}.{arg}")
             kwargs[arg] = (SplitRows(local, complete, ex.num_halo), None)
         else:
-            partials = pre_partials(own, pre_src, pre_slot, weight, ex.num_pre_slots)
-            rows, received = exchange_one_buffer(ex, own, partials, f"{point}.{arg}")
+            rows, received = exchange_one_buffer(ex, own, pre_src, pre_slot, weight,
+                                                 f"{point}.{arg}")
             kwargs[arg] = (rows, None)
         active.pending.append(_Pending(mode, ex, point, degree, received))
         return in_edges, (ex.num_local, ex.num_owned), kwargs
