@@ -376,17 +376,20 @@ class AggregationRouter:
     def split_pre_edges(self, edge_index: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         r"""A mode's edge list (one the engine made, so the same object every call) split
         into its in-edges and its outgoing pre edges (destinations :math:`N_{own} + s`):
-        ``(in_edge_index, in_positions, pre_sources, pre_slots, pre_positions)``, positions
-        in :obj:`edge_index` (to split the edge values alike)."""
+        ``(in_edge_index, in_positions, pre_edges, pre_edges_reversed, pre_positions)``;
+        ``pre_edges`` is ``[owned source; pre slot]``, positions are in :obj:`edge_index` (to
+        split the edge values alike).  The same objects every call: the kernels' CSR cache
+        knows them."""
         key = ("split", id(edge_index))
         entry = self._cache.get(key)
         if entry is None or entry[0] is not edge_index:
             n = self.partition.num_owned
             pre = edge_index[1] >= n
             in_pos, pre_pos = (~pre).nonzero().view(-1), pre.nonzero().view(-1)
-            entry = (edge_index, edge_index.index_select(1, in_pos), in_pos,
-                     edge_index[0].index_select(0, pre_pos),
-                     edge_index[1].index_select(0, pre_pos) - n, pre_pos)
+            pre_edges = edge_index.index_select(1, pre_pos)
+            pre_edges[1] -= n
+            entry = (edge_index, edge_index.index_select(1, in_pos), in_pos, pre_edges,
+                     pre_edges.flip(0).contiguous(), pre_pos)
             self._cache[key] = entry
         return entry[1:]
 

@@ -246,9 +246,15 @@ class FullGraphEngine:
         if self._kernel_handle is not None:
             self._kernel_handle.revert()
             self._kernel_handle = None
+        partials = None
         if backend is not None:
             from .. import kernels
             self._kernel_handle = kernels.accelerate(self._model.model, backend=backend)
+            partials = backend
+        for exchange in self._all_exchanges():
+            # The one-buffer exchange's partial aggregates: on the same backend (chosen once
+            # here, so every step of a run sums in the same order).
+            exchange.partials_backend = partials
         self._model.wrap_static()
 
     def drain(self) -> None:

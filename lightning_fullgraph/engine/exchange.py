@@ -120,8 +120,11 @@ class HaloExchange:
         self._cache_states: dict = {}
         # The asynchronous pipeline's state, keyed the same way.
         self._pipes: dict = {}
-        # The one-buffer exchange's row positions, per device (one_buffer_plan).
+        # The one-buffer exchange's row positions, per device (one_buffer_plan), and the
+        # kernels' backend its partial aggregates run on (None: PyTorch's; the engine sets
+        # it with the layers' kernels).
         self._one_buffer: dict = {}
+        self.partials_backend: Optional[str] = None
         # Global node ids of the post channel's send slots, and of the destinations of the
         # pre channel's received rows (boundary sampling draws by them).
         self.send_ids: Optional[Tensor] = None

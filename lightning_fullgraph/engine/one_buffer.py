@@ -87,39 +87,50 @@ def one_buffer_applies(policy, key: str, pre_key: str, training: bool) -> bool:
     return True
 
 
-def pre_partials(own: Tensor, src: Tensor, slot: Tensor, value: Optional[Tensor],
-                 num_slots: int) -> Tensor:
+def _backend(requested: Optional[str], t: Tensor) -> str:
+    r"""The kernels' backend the layers run on (the engine's choice, fixed for a run), else
+    PyTorch's index operations."""
+    if requested is None:
+        return "torch"
+    from ..kernels.backend import resolve
+    return resolve(requested, t.device) or "torch"
+
+
+def pre_partials(own: Tensor, edges: Tensor, value: Optional[Tensor], num_slots: int,
+                 backend: Optional[str] = None) -> Tensor:
     r"""The pre slots' partial aggregates: :math:`p_s = \sum_{(j, s)} w_{js} x_j` over this
-    rank's outgoing pre edges (``src`` owned rows, ``slot`` pre slots, ``value`` their edge
-    scalars or :obj:`None` for 1); differentiable in :obj:`own` and :obj:`value`."""
-    rows = own.index_select(0, src)
-    if value is not None:  # promoted as PyG's messages are (bfloat16 rows, fp32 weights)
-        rows = value.view((-1, ) + (1, ) * (rows.dim() - 1)) * rows
-    out = rows.new_zeros((num_slots, ) + tuple(own.shape[1:]))
-    return out.index_add(0, slot, rows)
+    rank's outgoing pre edges ``edges`` (``[owned source; pre slot]``) with edge scalars
+    ``value`` (:obj:`None` for 1), promoted as PyG's messages are (bfloat16 rows, fp32
+    weights give fp32)."""
+    from ..kernels.functional import aggregate
+    rows = own if value is None else own.to(torch.promote_types(own.dtype, value.dtype))
+    return aggregate(rows, edges, value, "sum", num_slots, backend=_backend(backend, own))
 
 
-def exchange_one_buffer(ex, own: Tensor, src: Tensor, slot: Tensor, weight: Optional[Tensor],
-                        key: str) -> Tuple[Tensor, Tensor]:
+def exchange_one_buffer(ex, own: Tensor, edges: Tensor, reversed_edges: Tensor,
+                        weight: Optional[Tensor], key: str) -> Tuple[Tensor, Tensor]:
     r"""``[owned; halo]`` rows and the partials this rank receives, in one collective per
     direction (:class:`_OneBuffer`); the partials are computed from :obj:`own` over the pre
-    edges ``src -> slot`` with edge scalars :obj:`weight`, which must not require a
-    gradient."""
-    return _OneBuffer.apply(own, ex, key, src, slot, weight)
+    :obj:`edges` (``[owned source; pre slot]``; :obj:`reversed_edges` the same flipped, for
+    the backward) with edge scalars :obj:`weight`, which must not require a gradient."""
+    return _OneBuffer.apply(own, ex, key, edges, reversed_edges, weight)
 
 
-def _add_grads(ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor, src: Tensor,
-               slot: Tensor, weight: Optional[Tensor]) -> Tensor:
+def _add_grads(ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor, edges: Tensor,
+               reversed_edges: Tensor, weight: Optional[Tensor]) -> Tensor:
     r""":obj:`grad_own` (``[N_own, *]``) plus the gradients that came back: of the post rows
-    sent, and through the partials (:math:`\partial p_s / \partial x_j = w_{js}`), added
-    where they belong (no ``[N_own, *]`` buffer per term, as autograd's index backward makes)."""
+    sent, and through the partials (:math:`\partial p_s / \partial x_j = w_{js}`: the
+    partials' gradients aggregated back over the reversed pre edges)."""
+    from ..kernels.functional import aggregate
     n, width = grad_own.size(0), math.prod(grad_own.shape[1:])
     grad_post, grad_partials = _unpack_grad(ex, plan, back.to(grad_own.dtype))
-    rows = grad_partials.index_select(0, slot)
-    if weight is not None:
-        rows = (weight.view(-1, 1) * rows).to(rows.dtype)
     grad_own = grad_own.reshape(n, width).index_add(0, ex.plan.post.send_index, grad_post)
-    return grad_own.index_add_(0, src, rows)
+    if grad_partials.numel():
+        through = aggregate(grad_partials if weight is None else grad_partials.to(
+            torch.promote_types(grad_partials.dtype, weight.dtype)), reversed_edges, weight,
+            "sum", n, backend=_backend(ex.partials_backend, grad_own))
+        grad_own.add_(through.to(grad_own.dtype))
+    return grad_own
 
 
 def _pack(ex, plan: OneBufferPlan, own: Tensor, partials: Tensor, width: int) -> Tensor:
@@ -153,13 +164,13 @@ class _OneBuffer(torch.autograd.Function):
     rows and partials in."""
 
     @staticmethod
-    def forward(ctx, own: Tensor, ex, key: str, src: Tensor, slot: Tensor,
+    def forward(ctx, own: Tensor, ex, key: str, edges: Tensor, reversed_edges: Tensor,
                 weight: Optional[Tensor]):
-        ctx.ex, ctx.key, ctx.pre = ex, key, (src, slot, weight)
+        ctx.ex, ctx.key, ctx.pre = ex, key, (edges, reversed_edges, weight)
         plan: OneBufferPlan = ex.one_buffer_plan(own.device)
         shape = tuple(own.shape[1:])
         width = math.prod(shape)
-        partials = pre_partials(own, src, slot, weight, ex.num_pre_slots)
+        partials = pre_partials(own, edges, weight, ex.num_pre_slots, ex.partials_backend)
         received, _ = ex._transfer(_pack(ex, plan, own, partials, width), plan.send_counts,
                                    plan.recv_counts, key, "forward")
         rows = own.new_empty((own.size(0) + ex.num_halo, ) + shape)
@@ -194,19 +205,19 @@ class _Handoff:
     r"""Between the two backward halves of an overlapped one-buffer exchange (as the post
     channel's :class:`~.exchange._GradHandoff`), with what the partials' backward needs."""
 
-    __slots__ = ("pending", "owned_done", "src", "slot", "weight")
+    __slots__ = ("pending", "owned_done", "pre")
 
-    def __init__(self, src: Tensor, slot: Tensor, weight: Optional[Tensor]) -> None:
+    def __init__(self, edges: Tensor, reversed_edges: Tensor, weight: Optional[Tensor]) -> None:
         self.pending = None
         self.owned_done = False
-        self.src, self.slot, self.weight = src, slot, weight
+        self.pre = (edges, reversed_edges, weight)
 
     def add_into(self, ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor) -> Tensor:
-        return _add_grads(ex, plan, grad_own, back, self.src, self.slot, self.weight)
+        return _add_grads(ex, plan, grad_own, back, *self.pre)
 
 
-def start_one_buffer(ex, own: Tensor, src: Tensor, slot: Tensor, weight: Optional[Tensor],
-                     key: str):
+def start_one_buffer(ex, own: Tensor, edges: Tensor, reversed_edges: Tensor,
+                     weight: Optional[Tensor], key: str):
     r"""Starts the one-buffer exchange and returns ``(owned rows, complete, received)``:
     ``complete()`` waits and returns the halo rows (for a
     :class:`~lightning_fullgraph.kernels.split.SplitRows`), after which ``received.rows``
@@ -217,10 +228,10 @@ def start_one_buffer(ex, own: Tensor, src: Tensor, slot: Tensor, weight: Optiona
     shape = tuple(own.shape[1:])
     width = math.prod(shape)
     with torch.no_grad():
-        partials = pre_partials(own, src, slot, weight, ex.num_pre_slots)
+        partials = pre_partials(own, edges, weight, ex.num_pre_slots, ex.partials_backend)
         finish = ex._transfer_async(_pack(ex, plan, own, partials, width), plan.send_counts,
                                     plan.recv_counts, key, "forward")
-    handoff = _Handoff(src, slot, weight) if own.requires_grad and torch.is_grad_enabled() \
+    handoff = _Handoff(edges, reversed_edges, weight) if own.requires_grad and torch.is_grad_enabled() \
         else None
     local = _OwnedPart.apply(own, ex, handoff) if handoff is not None else own
     received = Received()

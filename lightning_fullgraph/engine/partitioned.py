@@ -455,7 +455,8 @@ class PartitionedModel:
             # gradient is PyG's message backward's: two collectives instead. The same on
             # every rank (dtypes and flags, not values).
             return None
-        in_edges, in_pos, pre_src, pre_slot, pre_pos = self.router.split_pre_edges(edge_index)
+        in_edges, in_pos, pre_edges, reversed_edges, pre_pos = \
+            self.router.split_pre_edges(edge_index)
         weight = None
         for name, edge_value in values:  # aligned with the edges: split alike
             weight = edge_value.index_select(0, pre_pos)
@@ -463,11 +464,11 @@ class PartitionedModel:
         if ex.overlap and own.dim() == 2 and split_accepted():
             # The owned edges aggregate while rows and partials travel (either way every
             # rank makes the same collectives, so ranks may differ here).
-            local, complete, received = start_one_buffer(ex, own, pre_src, pre_slot, weight,
-                                                         f"{point}.{arg}")
+            local, complete, received = start_one_buffer(
+                ex, own, pre_edges, reversed_edges, weight, f"{point}.{arg}")
             kwargs[arg] = (SplitRows(local, complete, ex.num_halo), None)
         else:
-            rows, received = exchange_one_buffer(ex, own, pre_src, pre_slot, weight,
+            rows, received = exchange_one_buffer(ex, own, pre_edges, reversed_edges, weight,
                                                  f"{point}.{arg}")
             kwargs[arg] = (rows, None)
         active.pending.append(_Pending(mode, ex, point, degree, received))
