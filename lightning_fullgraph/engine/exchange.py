@@ -845,6 +845,10 @@ class _GradHandoff:
         self.pending = None  # completes the transfer: -> [S, F] gradients of the send rows
         self.owned_done = False
 
+    def add_into(self, ex: "HaloExchange", grad: Tensor, pending: Callable[[], Tensor]) -> Tensor:
+        r""":obj:`grad` of the owned rows plus the send rows' gradients that came back."""
+        return grad.index_add(0, ex.plan.post.send_index, pending().to(grad.dtype))
+
 
 class _HaloRecv(torch.autograd.Function):
     r"""``[S, F]`` rows sent -> ``[N_halo, F]`` rows received, the transfer started before
@@ -876,7 +880,8 @@ class _OwnedGrad(torch.autograd.Function):
     r"""Identity on the owned rows of an overlapped exchange.  Its backward runs after the
     owned part's (which consumes its output) and so after :class:`_HaloRecv`'s, which the
     autograd engine runs first (created later): it completes the gradients' transfer
-    started there and adds them to the send rows' gradients."""
+    started there and adds them in (the handoff's :meth:`add_into`; the one-buffer exchange
+    hands over its own)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, ex: HaloExchange, handoff: _GradHandoff) -> Tensor:
@@ -890,9 +895,7 @@ class _OwnedGrad(torch.autograd.Function):
         handoff.owned_done = True
         if pending is None:  # the halo part's backward has not run: it sends synchronously
             return grad, None, None
-        grad_send = pending()
-        return grad.index_add(0, ctx.ex.plan.post.send_index,
-                              grad_send.to(grad.dtype)), None, None
+        return handoff.add_into(ctx.ex, grad, pending), None, None
 
 
 def _owned_rows(aggregated: Tensor, n: int) -> Tensor:

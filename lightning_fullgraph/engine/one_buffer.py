@@ -212,8 +212,10 @@ class _Handoff:
         self.owned_done = False
         self.pre = (edges, reversed_edges, weight)
 
-    def add_into(self, ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor) -> Tensor:
-        return _add_grads(ex, plan, grad_own, back, *self.pre)
+    def add_into(self, ex, grad_own: Tensor, pending) -> Tensor:
+        r""":obj:`grad_own` plus what came back (``pending``: the started transfer)."""
+        plan, finish = pending
+        return _add_grads(ex, plan, grad_own, finish(), *self.pre).reshape(grad_own.shape)
 
 
 def start_one_buffer(ex, own: Tensor, edges: Tensor, reversed_edges: Tensor,
@@ -231,9 +233,10 @@ def start_one_buffer(ex, own: Tensor, edges: Tensor, reversed_edges: Tensor,
         partials = pre_partials(own, edges, weight, ex.num_pre_slots, ex.partials_backend)
         finish = ex._transfer_async(_pack(ex, plan, own, partials, width), plan.send_counts,
                                     plan.recv_counts, key, "forward")
-    handoff = _Handoff(edges, reversed_edges, weight) if own.requires_grad and torch.is_grad_enabled() \
-        else None
-    local = _OwnedPart.apply(own, ex, handoff) if handoff is not None else own
+    grads = own.requires_grad and torch.is_grad_enabled()
+    handoff = _Handoff(edges, reversed_edges, weight) if grads else None
+    from .exchange import _OwnedGrad  # (the exchange module imports this one)
+    local = _OwnedGrad.apply(own, ex, handoff) if handoff is not None else own
     received = Received()
 
     def complete() -> Tensor:
@@ -245,8 +248,8 @@ def start_one_buffer(ex, own: Tensor, edges: Tensor, reversed_edges: Tensor,
 
 class _RemotePart(torch.autograd.Function):
     r"""``own -> (halo rows, partials received)``, the transfer started before; backward
-    starts the gradients back (completed by :class:`_OwnedPart`), or sends them at once
-    when the owned part's backward already ran."""
+    starts the gradients back (completed by the exchange's ``_OwnedGrad``), or sends them at
+    once when the owned part's backward already ran."""
 
     @staticmethod
     def forward(ctx, own: Tensor, ex, key: str, finish, handoff: Optional[_Handoff]):
@@ -275,25 +278,5 @@ class _RemotePart(torch.autograd.Function):
         grad_own = like.new_zeros(ctx.shape)
         if handoff is None:  # no gradient of own was expected: nothing to add it to
             return None, None, None, None, None
-        return handoff.add_into(ex, plan, grad_own, back).reshape(ctx.shape), None, None, \
-            None, None
-
-
-class _OwnedPart(torch.autograd.Function):
-    r"""Identity on the owned rows; its backward runs after the owned part's and completes
-    the gradients' transfer started by :class:`_RemotePart`."""
-
-    @staticmethod
-    def forward(ctx, own: Tensor, ex, handoff: _Handoff) -> Tensor:
-        ctx.ex, ctx.handoff = ex, handoff
-        return own.view_as(own)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        handoff: _Handoff = ctx.handoff
-        pending, handoff.pending = handoff.pending, None
-        handoff.owned_done = True
-        if pending is None:  # the remote part's backward has not run: it sends at once
-            return grad, None, None
-        plan, finish = pending
-        return handoff.add_into(ctx.ex, plan, grad, finish()).reshape(grad.shape), None, None
+        return _add_grads(ex, plan, grad_own, back, *handoff.pre).reshape(ctx.shape), None, \
+            None, None, None
