@@ -26,7 +26,8 @@ from .. import compat
 from ..compat import has_forward_hooks
 from .agreement import Agreement
 from .context import current_layer
-from .static import StaticCache, _signature, anchor
+from ..memo import anchor, signature
+from .static import StaticCache
 
 __all__ = ["reorderable", "reordered_forward"]
 
@@ -48,10 +49,10 @@ class _LastInput:
 
     def same(self, x: Tensor) -> bool:
         return self.tensor is not None and self.tensor() is not None \
-            and _signature(x) == self.signature
+            and signature(x) == self.signature
 
     def remember(self, x: Tensor) -> None:
-        self.tensor, self.signature = weakref.ref(anchor(x)), _signature(x)
+        self.tensor, self.signature = weakref.ref(anchor(x)), signature(x)
 
 
 def _add_bias(layer: GCNConv, out: Tensor) -> Tensor:

@@ -55,16 +55,13 @@ private file mapping (:func:`~.file_pages.release_file_pages`): a partition load
 aggregation means no later step reads them. Their values do not change; a later read (e.g. a
 root term ``lin_r(x)``) maps them again from the file.
 """
-import itertools
-import weakref
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from ..kernels.kept import tensor_signature
+from ..memo import TensorMemo, signature
 from .agreement import Agreement, all_agree_each
 from .exchange import static_draws
 from .file_pages import Released, release_file_pages, releasing
@@ -105,43 +102,12 @@ def _leaves(value: Any) -> Optional[Tuple[Any, ...]]:
     return None
 
 
-_signature = tensor_signature  # (one definition with the kernels' kept aggregations)
-
-
 PHASES = ("train", "eval")
 
-_tokens = itertools.count()
-
-
-@dataclass
-class _Entry:
-    # Per input in call order: a weak reference to a tensor, or the value itself.
-    inputs: Tuple[Any, ...]
-    signatures: Tuple[Any, ...]
-    output: Any
-    output_version: int
-    token: int  # tells an entry from its successor at the same point
-
-
-def _dropper(cache: "StaticCache", point: str, token: int) -> Callable:
-    r"""Weak-reference callback: forgets :obj:`point`'s entry :obj:`token` (and so frees its
-    output) when one of its inputs is freed.  Holds no strong reference to the entry (that
-    would make a cycle that keeps the output alive until the garbage collector runs)."""
-    cache_ref = weakref.ref(cache)
-
-    def drop(_ref: Any) -> None:
-        owner = cache_ref()
-        if owner is not None:
-            entry = owner._aggregations.get(point)
-            if entry is not None and entry.token == token:
-                del owner._aggregations[point]
-    return drop
-
-
-def anchor(t: Tensor) -> Tensor:
-    r"""The tensor whose life a cache entry of :obj:`t` follows: :obj:`t` itself, or the base
-    it is a view of (so a view made anew each step, e.g. ``x[:, :]``, finds its entry)."""
-    return t if t._base is None else t._base
+def _place(t: Tensor) -> tuple:
+    r"""Where :obj:`t` lies: its storage and its geometry within it (not its version; a
+    detached alias lies where the tensor does)."""
+    return signature(t)[:-1]
 
 
 def twin_point(point: str, phase: str) -> str:
@@ -168,15 +134,20 @@ class StaticCache:
         self.timeout = timeout
         self.release_inputs = bool(release_inputs)
         self.released_bytes = 0
-        self._loaded: list = []  # (weak reference, signature) of the tensors the rank loaded
+        self._loaded = TensorMemo()  # the tensors the rank loaded (value: True)
         self._eligible = Agreement(group, "static-input cache", timeout)
         self._norm_points = Agreement(group, "static normalization", timeout)
         self._streaks: Dict[str, int] = {}
         self._given_up: set = set()
         self._norms: Dict[tuple, Any] = {}
-        self._aggregations: Dict[str, _Entry] = {}
+        # Per call point (finitely many): the kept output, following its inputs.
+        self._aggregations = TensorMemo()
         self.hits = 0
         self.misses = 0
+
+    def kept(self) -> Dict[str, Tensor]:
+        r"""The aggregations kept now, by call point."""
+        return {point: output for point, output, *_ in self._aggregations.items()}
 
     def clear(self) -> None:
         r"""Forgets every cached result (decisions too)."""
@@ -206,7 +177,7 @@ class StaticCache:
         by :meth:`clear`."""
         for t in tensors:
             if isinstance(t, Tensor) and t.layout == torch.strided:
-                self._loaded.append((weakref.ref(anchor(t)), _signature(t)))
+                self._loaded.put(_place(t), (t,), True)
 
     def is_loaded(self, t: Any) -> bool:
         r"""Whether :obj:`t` is, unmodified, a tensor :meth:`mark_loaded` recorded: an input
@@ -214,8 +185,7 @@ class StaticCache:
         first at once, :mod:`.reorder`)."""
         if not isinstance(t, Tensor) or t.requires_grad or t.layout != torch.strided:
             return False
-        signature = _signature(t)
-        return any(ref() is not None and signature == seen for ref, seen in self._loaded)
+        return self._loaded.get(_place(t), (t,), count=False) is not None
 
     # -- normalizations -------------------------------------------------------------------
     def normalization(self, point: str, key: tuple, local_ok: bool,
@@ -268,7 +238,7 @@ class StaticCache:
         self._streaks[point] = streak
         if streak >= GIVE_UP:
             self._given_up.add(point)
-            self._aggregations.pop(point, None)
+            self._aggregations.pop(point)
         return ok, static
 
     # -- aggregations of unchanged inputs -------------------------------------------------
@@ -297,16 +267,13 @@ class StaticCache:
             return compute()
         if point in self._given_up:
             return compute()
-        entry = self._aggregations.get(point) if static else None
-        hit = entry is not None and self._same(entry, leaves)
-        if static and not hit:
-            twin = self._aggregations.get(twin_point(point, phase))
-            if twin is not None and self._same(twin, leaves):
-                entry, hit = twin, True
-        reuse, all_static = self._agreed(point, hit, static)
+        kept = self._aggregations.get(point, leaves, count=False) if static else None
+        if static and kept is None:  # the same input in the other phase
+            kept = self._aggregations.get(twin_point(point, phase), leaves, count=False)
+        reuse, all_static = self._agreed(point, kept is not None, static)
         if reuse:
             self.hits += 1
-            return entry.output
+            return kept
         self.misses += 1
         # Fresh exchanges only where every rank runs them: a rank whose input needs a
         # gradient this call runs the training ones (halo cache, sampling: other collectives).
@@ -324,33 +291,13 @@ class StaticCache:
             output = _compact(output)
             self._remember(point, leaves, output, released)
         else:
-            self._aggregations.pop(point, None)
+            self._aggregations.pop(point)
         return output
 
     def _remember(self, point: str, leaves: Tuple[Any, ...], output: Tensor,
                   released: Optional[Released] = None) -> None:
-        token = next(_tokens)
-        drop = _dropper(self, point, token)
-        self._aggregations[point] = _Entry(
-            inputs=tuple(weakref.ref(anchor(v), drop) if isinstance(v, Tensor) else v
-                         for v in leaves),
-            signatures=tuple(_signature(v) if isinstance(v, Tensor) else None for v in leaves),
-            output=output, output_version=output._version, token=token)
+        self._aggregations.put(point, leaves, output)
         if self.release_inputs:  # those the exchange did not give back already
             done = released.addresses if released is not None else ()
             self.released_bytes += sum(release_file_pages(v) for v in leaves
                                        if isinstance(v, Tensor) and v.data_ptr() not in done)
-
-    @staticmethod
-    def _same(entry: _Entry, inputs: Tuple[Any, ...]) -> bool:
-        if entry.output._version != entry.output_version or len(inputs) != len(entry.inputs):
-            return False  # the output was modified in place downstream
-        for new, old, sig in zip(inputs, entry.inputs, entry.signatures):
-            if sig is not None:  # a tensor then: while the one seen (or its base) lives, its
-                # storage does too, so a tensor with the same storage, offset, shape, strides,
-                # dtype and version holds the same values
-                if not isinstance(new, Tensor) or old() is None or _signature(new) != sig:
-                    return False
-            elif isinstance(new, Tensor) or new != old:
-                return False
-        return True

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from ..memo import TensorMemo, signature
 from .locality import NodeOrder, choose_order, get_locality
 
 __all__ = ["CSRGraph", "SplitCSR", "build_csr", "build_split_csr", "get_csr", "get_split_csr",
@@ -174,20 +174,11 @@ def build_split_csr(edge_index: Tensor, num_own: int, num_src: int, num_dst: int
     return SplitCSR(own, halo, own_pos.to(dtype), halo_pos.to(dtype), in_degree)
 
 
-class _Entry:
-    __slots__ = ("edge_index", "version", "fingerprint", "csr", "extra")
-
-    def __init__(self, edge_index: Tensor, fingerprint: Tuple, csr, extra: Tuple):
-        self.edge_index = edge_index  # strong ref: its storage cannot be reused meanwhile
-        self.version = edge_index._version
-        self.fingerprint = fingerprint
-        self.csr = csr  # a CSRGraph or a SplitCSR
-        self.extra = extra  # what besides the edges the structure depends on
-
-
-_cache: "OrderedDict[int, _Entry]" = OrderedDict()
+#: The built structures, keyed by the edge list's signature and what else they depend on.  The
+#: memo holds each edge list (strongly: its storage cannot be reused meanwhile), so that an
+#: equal list made anew in every call (gcn_norm's) is found by content and replaces it.
+_memo = TensorMemo(_CACHE_SIZE, hold=True)
 _lock = threading.Lock()
-_stats = {"hits": 0, "misses": 0}
 
 
 def _fingerprint(ei: Tensor) -> Tuple:
@@ -255,30 +246,26 @@ def _owns_storage(t: Tensor) -> bool:
 
 def _cached(edge_index: Tensor, extra: Tuple, build):
     ei = _plain(edge_index)
-    inference = ei.is_inference()
+    inference = ei.is_inference()  # no version counter to vouch for it: by content below
     with _lock:
-        for key, ent in _cache.items():  # identity fast path, O(cache size)
-            old = ent.edge_index
-            if inference:  # no version counter to vouch for it: by content below
-                break
-            if (old.data_ptr() == ei.data_ptr() and old.shape == ei.shape and old.stride() == ei.stride()
-                    and old.dtype == ei.dtype and old.device == ei.device and old._version == ent.version
-                    and ent.extra == extra):
-                _cache.move_to_end(key)
-                _stats["hits"] += 1
-                return ent.csr
-    fp = _fingerprint(ei)
-    with _lock:
-        for key, ent in _cache.items():
-            if ent.extra == extra and ent.fingerprint == fp and \
-                    ent.edge_index._version == ent.version and torch.equal(ent.edge_index, ei):
+        if not inference:  # identity fast path
+            found = _memo.get((signature(ei), extra), (ei,), count=False)
+            if found is not None:
+                _memo.hits += 1
+                return found
+        fp = _fingerprint(ei)
+        for key, csr, (old,), (fingerprint, old_extra) in _memo.items():
+            if old_extra == extra and fingerprint == fp and _memo.matches(key, (old,)) and \
+                    torch.equal(old, ei):
                 if _owns_storage(ei) and not inference:
                     # Keep the newer copy: layers that rebuild an equal edge_index per call
                     # (gcn_norm) then hold one copy between calls, not the first and the newest.
-                    ent.edge_index, ent.version = ei, ei._version
-                _cache.move_to_end(key)
-                _stats["hits"] += 1
-                return ent.csr
+                    _memo.pop(key)
+                    _memo.put((signature(ei), extra), (ei,), csr, extra=(fp, extra))
+                else:
+                    _memo.touch(key)
+                _memo.hits += 1
+                return csr
     # Built as normal tensors even in inference mode (an evaluation under
     # torch.inference_mode() before training): later calls save them for backward, which inference tensors
     # refuse. An inference edge_index is kept as a private normal copy (it has no version
@@ -287,19 +274,15 @@ def _cached(edge_index: Tensor, extra: Tuple, build):
         built = build(ei)
         kept = ei.clone() if inference else ei
     with _lock:
-        _stats["misses"] += 1
-        _cache[id(built)] = _Entry(kept, fp, built, extra)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+        _memo.misses += 1
+        _memo.put((signature(kept), extra), (kept,), built, extra=(fp, extra))
     return built
 
 
 def clear_cache() -> None:
     """Drop all cached CSR structures, ``GCNConv`` normalizations (:mod:`.gcn`), idle
     pooled output buffers and the huge-page allocator's cached blocks (frees their memory)."""
-    with _lock:
-        _cache.clear()
-        _stats["hits"] = _stats["misses"] = 0
+    _memo.clear()
     from . import gcn, kept
 
     gcn.clear_memo()
@@ -323,17 +306,16 @@ def forget(edge_index: Tensor) -> int:
     ei = _plain(edge_index)
     fp = _fingerprint(ei)
     with _lock:
-        gone = [key for key, ent in _cache.items()
-                if ent.fingerprint == fp and torch.equal(ent.edge_index, ei)]
+        gone = [key for key, _, (old,), (fingerprint, _) in _memo.items()
+                if fingerprint == fp and torch.equal(old, ei)]
         for key in gone:
-            del _cache[key]
+            _memo.pop(key)
     return len(gone)
 
 
 def cache_info() -> dict:
     """``{"hits", "misses", "size"}`` of the CSR cache."""
-    with _lock:
-        return {**_stats, "size": len(_cache)}
+    return {"hits": _memo.hits, "misses": _memo.misses, "size": len(_memo)}
 
 
 def pool_info() -> dict:

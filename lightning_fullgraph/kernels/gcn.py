@@ -51,8 +51,6 @@ while a layer is accelerated): the engine's handler comes first, so inside a par
 the engine normalizes (halo degrees) and its static cache decides what is kept.
 """
 import threading
-import weakref
-from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Tuple
 
@@ -60,6 +58,7 @@ import torch
 from torch import Tensor
 
 from .. import compat
+from ..memo import TensorMemo
 from . import gcn_reorder
 
 __all__ = ["MEMO_SIZE", "NORMALIZING_LAYERS", "SUM_NODE", "applies", "normalizes", "kernel_forward",
@@ -77,45 +76,31 @@ MEMO_SIZE = 4
 SUM_NODE = "GeneratedBackwardFor_lightning_fullgraph_csr_sum_defaultBackward"
 
 
-class _Entry:
-    __slots__ = ("inputs", "versions", "result", "result_versions")
-
-    def __init__(self, inputs, versions, result):
-        self.inputs = inputs  # weak references to edge_index and edge_weight (or None)
-        self.versions = versions
-        # A returned input (gcn_norm without self-loops returns edge_index itself) is kept as
-        # its position, not a second reference that would keep the entry's key alive.
-        given = [ref() if ref is not None else None for ref in inputs]
-        self.result = tuple(next((i for i, g in enumerate(given) if g is t and t is not None), t)
-                            if isinstance(t, Tensor) else t for t in result)
-        self.result_versions = self._versions(given)
-
-    def _versions(self, given) -> tuple:
-        return tuple(t._version for t in self.resolve(given) if isinstance(t, Tensor))
-
-    def resolve(self, given) -> tuple:
-        return tuple(given[t] if isinstance(t, int) else t for t in self.result)
-
-    def matches(self, given, versions) -> bool:
-        return (all(ref is None or ref() is g for ref, g in zip(self.inputs, given))
-                and self.versions == versions and self._versions(given) == self.result_versions)
+#: The kept normalizations (following their edge_index and edge_weight).  A returned input
+#: (gcn_norm without self-loops returns edge_index itself) is kept as its position in the
+#: inputs, not a second reference that would keep the entry's inputs alive.
+_memo = TensorMemo(MEMO_SIZE)
 
 
-_memo: "OrderedDict[tuple, _Entry]" = OrderedDict()
-_counts = {"hits": 0, "misses": 0}
+def _positions(result: tuple, given: tuple) -> tuple:
+    return tuple(next((i for i, g in enumerate(given) if g is t and t is not None), t)
+                 if isinstance(t, Tensor) else t for t in result)
+
+
+def _resolve(kept: tuple, given: tuple) -> tuple:
+    return tuple(given[t] if isinstance(t, int) else t for t in kept)
 
 
 def clear_memo() -> None:
     r"""Forgets every kept normalization (and resets the counts)."""
     _memo.clear()
-    _counts["hits"] = _counts["misses"] = 0
 
 
 def memo_info() -> dict:
     r"""Hits, misses and the graphs kept (with the bytes their normalizations hold)."""
-    held = sum(t.numel() * t.element_size() for e in list(_memo.values()) for t in e.result
-               if isinstance(t, Tensor))  # not the inputs a result is (kept as positions)
-    return {**_counts, "graphs": len(_memo), "bytes": held}
+    # (not the inputs a result is: kept as positions)
+    return {"hits": _memo.hits, "misses": _memo.misses, "graphs": len(_memo),
+            "bytes": _memo.nbytes()}
 
 
 def applies(layer: Any) -> bool:
@@ -146,12 +131,6 @@ def memo_scope() -> Iterator[None]:
         yield
     finally:
         _scope.depth -= 1
-
-
-def _drop(key: tuple) -> Callable:
-    def callback(_ref: Any) -> None:
-        _memo.pop(key, None)
-    return callback
 
 
 def _handler(edge_index: Any, edge_weight: Optional[Tensor] = None, num_nodes: Any = None,
@@ -228,14 +207,10 @@ def _memoized(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
         return norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
     key = (id(edge_index), None if edge_weight is None else id(edge_weight), int(num_nodes),
            bool(improved), bool(add_self_loops), flow, dtype)
-    versions = (edge_index._version, None if edge_weight is None else edge_weight._version)
     given = (edge_index, edge_weight)
-    entry = _memo.get(key)
-    if entry is not None and entry.matches(given, versions):
-        _memo.move_to_end(key)
-        _counts["hits"] += 1
-        return entry.resolve(given)
-    _counts["misses"] += 1
+    kept = _memo.get(key, given)
+    if kept is not None:
+        return _resolve(kept, given)
     raw = norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
     result = _destination_sorted(raw, edge_index, num_nodes, flow)
     if result[0] is not raw[0]:
@@ -243,12 +218,7 @@ def _memoized(edge_index: Tensor, edge_weight: Optional[Tensor], num_nodes: int,
         # the memo) would never be used again: the kept list is the sorted one.
         from .csr import forget
         forget(raw[0])
-    refs = (weakref.ref(edge_index, _drop(key)),
-            None if edge_weight is None else weakref.ref(edge_weight, _drop(key)))
-    _memo[key] = _Entry(refs, versions, tuple(result))
-    _memo.move_to_end(key)
-    while len(_memo) > MEMO_SIZE:
-        _memo.popitem(last=False)
+    _memo.put(key, given, _positions(tuple(result), given))
     return result
 
 

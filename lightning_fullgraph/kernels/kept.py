@@ -28,12 +28,12 @@ next call aggregate anew); it goes when its layer, input, graph or weights are f
 nothing and leaves ``GCNConv`` in PyG's order; :func:`~.clear_cache` forgets everything kept.
 """
 import weakref
-from collections import OrderedDict
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
+from ..memo import TensorMemo, anchor, signature
 from .setting import ModeSetting
 
 __all__ = ["MODES", "ENV", "SIZE", "set_static_inputs", "get_static_inputs", "eligible", "lookup",
@@ -60,24 +60,6 @@ def get_static_inputs() -> str:
     return _setting.get()
 
 
-def tensor_signature(t: Tensor) -> tuple:
-    r"""What identifies :obj:`t` as *the same, unmodified* tensor while it lives: its storage,
-    offset, shape, strides, dtype, device and version counter (an in-place edit bumps it).
-    One definition for the kernels' kept aggregations and the engine's static cache."""
-    # A wrapper subclass (PyG's EdgeIndex) has no storage of its own: its data tensor's.
-    data = t.as_tensor() if type(t).__name__ == "EdgeIndex" and hasattr(t, "as_tensor") else t
-    return (data.untyped_storage().data_ptr(), data.storage_offset(), tuple(data.shape),
-            tuple(data.stride()), data.dtype, data.device, data._version)
-
-
-_signature = tensor_signature
-
-
-def _anchor(t: Tensor) -> Tensor:
-    # A view made anew every call (x[:, :]) follows the life of its base.
-    return t if t._base is None else t._base
-
-
 def eligible(x: Any, weight: Any = None) -> bool:
     r"""Whether an aggregation of :obj:`x` (with :obj:`weight`) may be kept (module docstring)."""
     return (get_static_inputs() == "auto" and isinstance(x, Tensor) and x.layout == torch.strided
@@ -88,22 +70,9 @@ def eligible(x: Any, weight: Any = None) -> bool:
                                     and not weight.is_inference())))
 
 
-class _Entry:
-    __slots__ = ("refs", "signatures", "output", "version")
-
-    def __init__(self, refs, signatures, output: Tensor):
-        self.refs = refs  # weak: the layer, the input's anchor, the graph (and the weights)
-        self.signatures = signatures
-        self.output = output
-        self.version = output._version
-
-    def valid(self, tensors) -> bool:
-        return (all(ref() is not None for ref in self.refs)
-                and tuple(_signature(t) for t in tensors) == self.signatures
-                and self.output._version == self.version)
-
-
-_kept: "OrderedDict[tuple, _Entry]" = OrderedDict()
+#: The kept aggregations: following their layer, input, graph and weights; the kept output
+#: must stay unmodified too.
+_kept = TensorMemo(SIZE)
 _counts = {"hits": 0, "kept": 0}
 # Per layer: the inputs of its latest eligible calls (weakly), with their signatures; a few, so
 # that the hops of one forward (SGConv's K propagations) do not push out its first input.
@@ -116,8 +85,8 @@ def _tensors(x: Tensor, edge_index: Tensor, weight: Optional[Tensor]) -> tuple:
 
 
 def _key(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor], extra: tuple) -> tuple:
-    # The input's place, not its version: an edited input replaces its entry (see valid()).
-    return (id(layer), id(_anchor(x)), _signature(x)[1:-1], id(edge_index),
+    # The input's place, not its version: an edited input replaces its entry.
+    return (id(layer), id(anchor(x)), signature(x)[1:-1], id(edge_index),
             None if weight is None else id(weight), extra)
 
 
@@ -125,13 +94,11 @@ def lookup(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor],
            extra: tuple = ()) -> Optional[Tensor]:
     r"""The kept aggregation of this call (:obj:`extra`: its sizes, reduction and backend), or
     ``None``."""
-    key = _key(layer, x, edge_index, weight, extra)
-    entry = _kept.get(key)
-    if entry is None or not entry.valid(_tensors(x, edge_index, weight)):
-        return None
-    _kept.move_to_end(key)
-    _counts["hits"] += 1
-    return entry.output
+    out = _kept.get(_key(layer, x, edge_index, weight, extra), _tensors(x, edge_index, weight),
+                    count=False)
+    if out is not None:
+        _counts["hits"] += 1
+    return out
 
 
 def holds(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor]) -> bool:
@@ -139,24 +106,18 @@ def holds(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor]) -
     reduction and backend)."""
     tensors = _tensors(x, edge_index, weight)
     head = _key(layer, x, edge_index, weight, ())[:-1]
-    return any(key[:-1] == head and entry.valid(tensors) for key, entry in list(_kept.items()))
+    return any(key[:-1] == head and _kept.matches(key, tensors) for key, *_ in _kept.items())
 
 
 def sighted_again(layer: Any, x: Tensor) -> bool:
     r"""Whether one of :obj:`layer`'s latest eligible calls (:data:`SIGHTINGS`) had this very
     input, unchanged; records this call's input as the latest."""
-    anchor, signature = _anchor(x), _signature(x)
+    base, sig = anchor(x), signature(x)
     seen = [s for s in _sighted.get(layer, ()) if s[0]() is not None]  # freed inputs drop out
-    again = any(ref() is anchor and sig == signature for ref, sig in seen)
-    seen = [s for s in seen if s[0]() is not anchor] + [(weakref.ref(anchor), signature)]
+    again = any(ref() is base and old == sig for ref, old in seen)
+    seen = [s for s in seen if s[0]() is not base] + [(weakref.ref(base), sig)]
     _sighted[layer] = seen[-SIGHTINGS:]
     return again
-
-
-def _drop(key: tuple) -> Callable:
-    def callback(_ref: Any) -> None:
-        _kept.pop(key, None)
-    return callback
 
 
 def keep(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor], extra: tuple,
@@ -164,14 +125,9 @@ def keep(layer: Any, x: Tensor, edge_index: Tensor, weight: Optional[Tensor], ex
     r"""Keeps :obj:`output`, the aggregation of this call (:func:`lookup` answers with it)."""
     if output.requires_grad:  # made from tensors without gradient, it has none: else not ours
         return
-    key = _key(layer, x, edge_index, weight, extra)
-    tensors = _tensors(x, edge_index, weight)
-    refs = tuple(weakref.ref(t, _drop(key)) for t in (layer, _anchor(x)) + tensors[1:])
-    _kept[key] = _Entry(refs, tuple(_signature(t) for t in tensors), output)
-    _kept.move_to_end(key)
+    _kept.put(_key(layer, x, edge_index, weight, extra), _tensors(x, edge_index, weight), output,
+              follow=(layer,))
     _counts["kept"] += 1
-    while len(_kept) > SIZE:
-        _kept.popitem(last=False)
 
 
 def clear() -> None:
@@ -184,5 +140,4 @@ def clear() -> None:
 def info() -> dict:
     r"""``hits`` (calls answered), ``kept`` (aggregations kept so far), ``aggregations`` (kept
     now) and the ``bytes`` they hold."""
-    held = sum(e.output.numel() * e.output.element_size() for e in list(_kept.values()))
-    return {**_counts, "aggregations": len(_kept), "bytes": held}
+    return {**_counts, "aggregations": len(_kept), "bytes": _kept.nbytes()}

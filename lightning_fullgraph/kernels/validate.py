@@ -17,93 +17,64 @@ back in a single host transfer; only on a violation is the first offending posit
 searched for.
 
 That transfer synchronises a GPU, and the pass reads the index arrays once, so pairs that
-were already validated are remembered (:data:`CACHE_SIZE` of them): a pair is recognised
-by the identity of both tensor objects (weak references: nothing is kept alive), their data
-pointer, numel, dtype, device and *version counter*, which every in-place op bumps, also
-through views. Any difference validates again. Writes that PyTorch does not track
+were already validated are remembered (:data:`CACHE_SIZE` of them, in a
+:class:`~lightning_fullgraph.memo.TensorMemo`): a pair is recognised by the identity of both
+tensor objects (followed weakly: nothing is kept alive), their storage, offset, shape, strides,
+dtype, device and *version counter*, which every in-place op bumps, also through views. Any difference validates again. Writes that PyTorch does not track
 (``.numpy()``, ``.data``, DLPack, raw pointers) are not seen; :func:`set_cache_size` ``(0)``
 validates on every call. Inference tensors have no version counter and are never cached.
 """
 from __future__ import annotations
 
-import threading
-import weakref
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
+
+from ..memo import TensorMemo
 
 __all__ = ["check_aggregation", "check_edge_dot", "check_csr", "check_weight", "check_features", "check_index_range",
            "set_cache_size", "clear_cache", "cache_info", "CACHE_SIZE"]
 
 CACHE_SIZE = 8
 
-_lock = threading.Lock()
-_capacity = CACHE_SIZE
-# entries: (rowptr key, col key, lo, hi); most recently used last
-_entries: List[Tuple[tuple, Optional[tuple], int, int]] = []
-_stats = {"hits": 0, "misses": 0}
+#: Validated index tensors (a CSR pair, or one index) and the range their entries span.
+_memo = TensorMemo(CACHE_SIZE)
 
 
 def set_cache_size(n: int) -> None:
     """Number of validated pairs remembered; ``0`` validates on every call."""
-    global _capacity
-    with _lock:
-        _capacity = max(0, int(n))
-        del _entries[: max(0, len(_entries) - _capacity)]
+    _memo.set_size(n)
 
 
 def clear_cache() -> None:
     """Forget all validated pairs (and reset the counters of :func:`cache_info`)."""
-    with _lock:
-        _entries.clear()
-        _stats["hits"] = _stats["misses"] = 0
+    _memo.clear()
 
 
 def cache_info() -> dict:
     """``{"hits", "misses", "size", "capacity"}`` of the validation cache."""
-    with _lock:
-        return {**_stats, "size": len(_entries), "capacity": _capacity}
-
-
-def _key(t: Tensor) -> tuple:
-    return (weakref.ref(t), t.data_ptr(), t.numel(), t.dtype, t.device, t._version)
-
-
-def _matches(key: tuple, t: Tensor) -> bool:
-    ref, ptr, numel, dtype, device, version = key
-    return (ref() is t and ptr == t.data_ptr() and numel == t.numel() and dtype == t.dtype
-            and device == t.device and version == t._version)
+    return {"hits": _memo.hits, "misses": _memo.misses, "size": len(_memo),
+            "capacity": _memo.size}
 
 
 def _cacheable(*ts: Tensor) -> bool:
-    return _capacity > 0 and not any(t.is_inference() for t in ts)
+    return _memo.size != 0 and not any(t.is_inference() for t in ts)
 
 
 def _lookup(a: Tensor, b: Optional[Tensor], bound: int) -> bool:
-    with _lock:
-        for i in range(len(_entries) - 1, -1, -1):
-            ka, kb, lo, hi = _entries[i]
-            if ka[0]() is None or (kb is not None and kb[0]() is None):
-                del _entries[i]
-                continue
-            if _matches(ka, a) and (kb is None if b is None else kb is not None and _matches(kb, b)):
-                if lo < 0 or hi >= bound:
-                    break  # fewer source rows now: validate (and raise) again
-                _entries.append(_entries.pop(i))
-                _stats["hits"] += 1
-                return True
-        _stats["misses"] += 1
-    return False
+    span = _memo.get((id(a), id(b)), (a, b), count=False)
+    hit = span is not None and span[0] >= 0 and span[1] < bound  # fewer source rows now:
+    # validate (and raise) again
+    if hit:
+        _memo.hits += 1
+    else:
+        _memo.misses += 1
+    return hit
 
 
-def _insert(ka: tuple, kb: Optional[tuple], lo: int, hi: int) -> None:
-    with _lock:
-        if _capacity == 0:
-            return
-        while len(_entries) >= _capacity:
-            _entries.pop(0)
-        _entries.append((ka, kb, lo, hi))
+def _insert(a: Tensor, b: Optional[Tensor], lo: int, hi: int) -> None:
+    _memo.put((id(a), id(b)), (a, b), (lo, hi))
 
 
 def _index_dtype_ok(rowptr: Tensor, col: Tensor, op: str) -> None:
@@ -146,7 +117,6 @@ def check_csr(op: str, rowptr: Tensor, col: Tensor, num_src: int, device: Option
     cache = _cacheable(rowptr, col)
     if cache and _lookup(rowptr, col, num_src):
         return
-    keys = (_key(rowptr), _key(col)) if cache else None  # taken before the data is read
     n, nnz = rowptr.numel() - 1, col.numel()
     parts = [rowptr[0], rowptr[-1]]
     mono = rowptr[1:] < rowptr[:-1] if n > 0 else None
@@ -167,8 +137,8 @@ def check_csr(op: str, rowptr: Tensor, col: Tensor, num_src: int, device: Option
                          f"{int(rowptr[i])} > rowptr[{i + 1}] = {int(rowptr[i + 1])}")
     if nnz > 0 and (lo < 0 or hi >= num_src):
         raise _col_error(op, col, num_src, lo, hi)
-    if keys is not None:
-        _insert(keys[0], keys[1], lo, hi)
+    if cache:
+        _insert(rowptr, col, lo, hi)
 
 
 def check_index_range(op: str, index: Tensor, bound: int, name: str, what: str) -> None:
@@ -186,15 +156,14 @@ def check_index_range(op: str, index: Tensor, bound: int, name: str, what: str) 
     cache = _cacheable(index)
     if cache and _lookup(index, None, bound):
         return
-    key = _key(index) if cache else None
     lo, hi = torch.stack([t.to(torch.int64) for t in torch.aminmax(index)]).tolist()
     if lo < 0 or hi >= bound:
         flat = index.reshape(-1)
         first = int(torch.nonzero((flat < 0) | (flat >= bound))[0, 0])
         raise IndexError(f"{op}: {name} entries must lie in [0, {bound}) ({what}); first offending position "
                          f"{name}[{first}] = {int(flat[first])} ({name} min {lo}, max {hi})")
-    if key is not None:
-        _insert(key, None, lo, hi)
+    if cache:
+        _insert(index, None, lo, hi)
 
 
 def check_weight(op: str, weight: Optional[Tensor], nnz: int, device: torch.device) -> None:

@@ -77,7 +77,7 @@ def _run(rank, world_size, kind, aggregation, input_dropout):
                            if "degree" in k)
         # The pre channel adds into the aggregation output in place: what the cache keeps is
         # compacted, or the pre slots' rows would stay allocated with it.
-        kept = [e.output for e in engine.static._aggregations.values()]
+        kept = list(engine.static.kept().values())
         compact = all(o.untyped_storage().nbytes() == o.numel() * o.element_size()
                       for o in kept)
         out[cache] = dict(losses=losses, params=[p.detach().clone() for p in model.parameters()],
@@ -165,9 +165,9 @@ def _fresh_views(rank, world_size):
         views = engine.static.hits
         h = local.x * 2  # an activation: the entry goes when it is freed
         conv(h, local.edge_index)
-        held = len(engine.static._aggregations)
+        held = len(engine.static.kept())
         del h
-        gone = len(engine.static._aggregations)
+        gone = len(engine.static.kept())
     return views, held, gone
 
 
@@ -256,8 +256,8 @@ def _phases(rank, world_size, kind):
                 evals.append(model(local.x, local.edge_index))
             eval_bytes.append(engine.stats.total().bytes_sent)
         static = engine.static
-        out[cache] = dict(evals=evals, eval_bytes=eval_bytes, entries=sorted(static._aggregations),
-                          copies=len({id(e.output) for e in static._aggregations.values()}),
+        out[cache] = dict(evals=evals, eval_bytes=eval_bytes, entries=sorted(static.kept()),
+                          copies=len({id(o) for o in static.kept().values()}),
                           norms=len({id(v) for v in static._norms.values()}))
         engine.detach()
     on, off = out[True], out[False]
@@ -297,7 +297,7 @@ def _sampled(rank, world_size, kind):
         engine.next_step()  # a new sample of boundary nodes every step
 
     _train(model, engine.data, EPOCHS, False, backward)
-    entries = {k: e.output for k, e in engine.static._aggregations.items()}
+    entries = engine.static.kept()
     skipped = engine.stats.total().rows_skipped
     engine.detach()
     # The exact aggregate of the raw features, on the global graph.
@@ -338,7 +338,7 @@ def _mixed_gradients(rank, world_size):
     # rank 0 must run the training exchanges (sampling, halo cache), and so must rank 1.
     x = local.x.clone().requires_grad_() if rank == 0 else local.x * 1.0
     out = conv(x, local.edge_index)
-    kept = sorted(engine.static._aggregations)
+    kept = sorted(engine.static.kept())
     engine.detach()
     return bool(torch.isfinite(out).all()), kept
 

@@ -406,8 +406,8 @@ def test_a_first_call_in_pygs_forward_uses_the_memo():
         assert getattr(gcn._scope, "depth", 0) == 0  # the first calls' scopes were left
         assert not any(c._forward_hooks for c in convs)  # and their hooks removed
     assert csr.cache_info()["size"] == 1
-    (entry,) = csr._cache.values()
-    assert entry.csr.perm is None and bool((entry.edge_index[1].diff() >= 0).all())
+    ((_, built, (edge_index,), _),) = csr._memo.items()
+    assert built.perm is None and bool((edge_index[1].diff() >= 0).all())
 
 
 def test_a_failing_first_call_leaves_the_memo_scope():
