@@ -121,17 +121,16 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
                            "cross the wire as bfloat16; training is not exact (bf16_comm=False "
                            "for fp32)", category=UserWarning)
         super().setup(trainer)
+        if trainer.state.fn != TrainerFn.FITTING:
+            # Split only now: outside fitting, DDPStrategy.setup broadcasts rank 0's
+            # parameters and buffers to every rank (it has no DDP wrapper to do it), which
+            # would overwrite every rank's blocks with rank 0's.
+            self._apply()
         self._bound_collectives()
 
     def configure_ddp(self) -> None:
         # No DistributedDataParallel wrapper: gradients are reduced by backward() below.
         self._apply()
-
-    def model_to_device(self) -> None:
-        super().model_to_device()
-        trainer = getattr(self.lightning_module, "trainer", None)
-        if trainer is not None and trainer.state.fn != TrainerFn.FITTING:
-            self._apply()
 
     @property
     def _split(self) -> list:

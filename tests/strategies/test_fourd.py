@@ -78,10 +78,11 @@ def _trainer(tmp, world, dp, grid, epochs, **kwargs):
     import lightning.pytorch as pl
 
     from lightning_fullgraph import FourDStrategy
+    kwargs.setdefault("limit_val_batches", 0)
     return pl.Trainer(accelerator="cpu", devices=world, precision="64-true", max_epochs=epochs,
                       strategy=FourDStrategy(dp=dp, grid=grid, timeout=60), logger=False,
                       enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, default_root_dir=tmp, **kwargs)
+                      default_root_dir=tmp, **kwargs)
 
 
 def _fit(rank, world_size, tmp, kind, dp, grid, resume):
@@ -178,3 +179,39 @@ def _refused(rank, world_size, tmp):
 def test_layers_outside_a_split_model_are_refused_by_name(tmp_path):
     for message in run_distributed(_refused, 2, str(tmp_path), timeout_s=120):
         assert message is not None and "conv1.lin.weight" in message
+
+
+def _evaluated(rank, world_size, tmp, kind, grid):
+    # Fit, then validate and predict with the same trainer: each stage splits the model again
+    # (after Lightning's broadcast of rank 0's parameters outside fitting, which must not
+    # reach the split blocks), and must compute what the fitted model computes on one process.
+    from lightning_fullgraph.data.sampled import SampledNodeDataModule
+    data = skewed_graph()
+    torch.manual_seed(0)
+    module = _module(kind, data.num_features, 4)
+    seen = []
+    module.validation_step = lambda batch, *_: seen.append(
+        module(batch.x, batch.edge_index, batch.edge_weight).detach().clone())
+    module.predict_step = lambda batch, *_: module(batch.x, batch.edge_index, batch.edge_weight)
+    dm = SampledNodeDataModule(data, BATCH, steps_per_epoch=STEPS, seed=5)
+    trainer = _trainer(tmp, world_size, 1, grid, 1, limit_val_batches=1,
+                       num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=dm)
+    fitted = {k: v.clone() for k, v in module.state_dict().items()}
+    trainer.validate(module, datamodule=dm, verbose=False)
+    (predicted,) = trainer.predict(module, datamodule=dm)
+    full = dm.batch(dm.sampler.full())
+    module.eval()
+    with torch.no_grad():  # the fitted model, whole, on this process
+        want = module(full.x.double(), full.edge_index, full.edge_weight.double())
+    unchanged = all(torch.equal(fitted[k], v) for k, v in module.state_dict().items())
+    return (unchanged, float((seen[-1] - want).abs().max()),
+            float((predicted - want).abs().max()))
+
+
+@pytest.mark.parametrize("kind", ["pyg_gcn", "scalegnn"])
+def test_validate_and_predict_after_fit_on_a_grid_equal_one_process(tmp_path, kind):
+    for unchanged, validated, predicted in run_distributed(_evaluated, 2, str(tmp_path), kind,
+                                                           (2, 1, 1), timeout_s=300):
+        assert unchanged  # evaluation does not change the weights
+        assert validated <= 1e-10 and predicted <= 1e-10, (validated, predicted)
