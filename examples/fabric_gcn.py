@@ -60,8 +60,6 @@ def main():
     if fabric.global_rank == 0:
         print(f"RESULT test_acc={correct[0] / correct[1]:.4f} processes={fabric.world_size} "
               f"halo_bytes_per_epoch_rank0={sent:.0f}")
-    if torch.distributed.is_initialized():  # close gloo cleanly before the interpreter exits
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Type
 import torch
 from torch_geometric.data import Data
 
+from ._at_exit import close_process_group_at_exit
 from .engine import ExchangeConfig, FullGraphEngine
 from .engine.config import refuse_moved_arguments
 from .kernels.config import KernelConfig
@@ -107,6 +108,7 @@ def setup_fullgraph(fabric: Any, model: torch.nn.Module, data: Union[Data, str, 
         raise TypeError(f"setup_fullgraph got unexpected keyword argument(s) {sorted(moved)}")
     exchange = ExchangeConfig.of(exchange)  # checked before anything is partitioned
     kernels = KernelConfig.of(kernels)
+    close_process_group_at_exit()
     if kernels.num_threads is not None:  # asked for: the script's process
         torch.set_num_threads(int(kernels.num_threads))
     if kernels.huge_pages is not None and kernels.backend in ("auto", "cpp") \
@@ -244,6 +246,7 @@ def setup_fourd(fabric: Any, model: torch.nn.Module, data: Union[Data, str], bat
     from .parallel.mesh import FourDMesh
     from .parallel.surgery import GridSplit
 
+    close_process_group_at_exit()
     mesh = FourDMesh.create(FourDDims.for_world(fabric.world_size, grid, dp), timeout=timeout)
     if not isinstance(data, Data):
         from .data import load_dataset

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch_geometric.data.data import BaseData
 
+from .._at_exit import close_process_group_at_exit
 from ..parallel.dims import FourDDims
 from ..parallel.mesh import FourDMesh
 from ..parallel.surgery import GridSplit
@@ -99,6 +100,7 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
     # -- environment and model surgery --------------------------------------------------------
     def setup_environment(self) -> None:
         super().setup_environment()
+        close_process_group_at_exit()  # once, however many Trainers ran
         if self.num_threads is not None:  # only when asked: the count is the process's
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(int(self.num_threads))

@@ -28,7 +28,6 @@ inside a signal handler, and a rank blocked in a collective ends on SIGTERM with
 may synchronize a metric on rank 0 alone (the end of a training epoch: the progress bar
 computes epoch metrics there on rank 0 only).
 """
-import atexit
 import logging
 import re
 from datetime import timedelta
@@ -45,6 +44,7 @@ from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from .. import compat
+from .._at_exit import close_process_group_at_exit
 from ..engine import ExchangeConfig, FullGraphEngine
 from ..engine.config import refuse_moved_arguments
 from ..engine.step_aside import StepAside
@@ -57,15 +57,6 @@ compat.require("lightning")
 __all__ = ["FullGraphStrategy"]
 
 log = logging.getLogger(__name__)
-
-
-def _close_process_group() -> None:
-    # gloo's threads left to C++ static destruction can abort the interpreter at exit
-    # ("terminate called without an active exception"); Lightning keeps the group
-    # open between fit/test/predict, so it is closed here, once, at exit.
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
@@ -173,8 +164,7 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
     # -- environment -----------------------------------------------------------------
     def setup_environment(self) -> None:
         super().setup_environment()
-        atexit.unregister(_close_process_group)  # once, however many Trainers ran
-        atexit.register(_close_process_group)
+        close_process_group_at_exit()  # once, however many Trainers ran
         if self.num_threads is not None:  # only when asked: the count is the process's
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(int(self.num_threads))
