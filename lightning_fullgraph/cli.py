@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="4d: vertices sampled per step (default: a quarter of the graph); "
                          "pyg --loader neighbor: seed nodes per step and process (default 512)")
     g4.add_argument("--bf16-comm", action="store_true",
-                    help="4d: the grid's partial sums cross the wire as bfloat16 (lossy)")
+                    help="4d: the grid's partial sums and gradients cross the wire as "
+                         "bfloat16 (lossy, about half the bytes)")
     g4.add_argument("--steps-per-epoch", type=int, default=None,
                     help="4d: steps per epoch (default: nodes / batch size, rounded up)")
     gm = t.add_argument_group("model and optimization")

@@ -48,8 +48,11 @@ class Grid3DScaleGNN(GridModule):
             output rows' axis), so that an unmodified loss over ``out[mask]`` works;
             otherwise only :meth:`output_rows` (use :meth:`loss` then).
         bf16_comm (bool): The partial products of the parallel matmuls (forward) and their
-            gradients (backward) cross the wire as bfloat16, summed in fp32 (ScaleGNN §V);
-            RMSNorm, the loss and the weight gradients stay fp32.  Lossy; halves those bytes.
+            gradients (backward), the residual's reshard and the weight-gradient reduction
+            cross the wire as bfloat16, summed in fp32 (ScaleGNN §V: the dominant
+            collectives); RMSNorm's norms, the logits' reduction and gathering and the loss
+            stay fp32, as the paper keeps its numerically sensitive reductions.  Lossy; about
+            halves a step's bytes at any axis size.
 
     Shapes:
         - **input:** the mini-batch's node features :math:`(B, F_{in})`, edge indices
@@ -112,7 +115,7 @@ class Grid3DScaleGNN(GridModule):
         me = members.index(dims.coordinates(self.mesh.rank))
         sizes = {a: self.mesh.size(a) for a in ("x", "y", "z")}
         return reshard(x, self.mesh.group("grid"), members, me, sizes, src, dst, n,
-                       self.hidden)
+                       self.hidden, self.bf16_comm)
 
     # -- loss ----------------------------------------------------------------------------------
     def loss(self, logits: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> Tensor:

@@ -63,8 +63,10 @@ class GridModule(torch.nn.Module):
     Args:
         mesh (FourDMesh): This rank's groups.
         seed (int): Seed of the dropout masks (replicas of a block draw the same mask).
-        bf16_comm (bool): The parallel products' partial sums (and their gradients) cross the
-            wire as bfloat16, summed in fp32.
+        bf16_comm (bool): The parallel products' partial sums, their gradients and the
+            weight-gradient reduction (over the grid's axes and the replicas, as DDP's bf16
+            compression hook) cross the wire as bfloat16, summed in fp32
+            (:func:`~.pmm.summed`); the logits stay fp32.
     """
 
     def __init__(self, mesh: FourDMesh, seed: int = 0, bf16_comm: bool = False) -> None:
@@ -154,8 +156,9 @@ class GridModule(torch.nn.Module):
                     continue
                 grad = p.grad
                 for axis in info.sum_over:
-                    grad = summed(grad, self.mesh.group(axis))
-                p.grad.copy_(summed(grad, self.mesh.group("dp")) / self.mesh.size("dp"))
+                    grad = summed(grad, self.mesh.group(axis), self.bf16_comm)
+                p.grad.copy_(summed(grad, self.mesh.group("dp"), self.bf16_comm)
+                             / self.mesh.size("dp"))
             return
         by_axes: Dict[Tuple[str, ...], List[torch.nn.Parameter]] = {}
         for name, info in self._blocks.items():
@@ -168,14 +171,16 @@ class GridModule(torch.nn.Module):
                  for axes, params in by_axes.items()}
         for depth in range(max(len(axes) for axes in flats)):
             pending = [pmm.summed_async(flats[axes], self.mesh.group(axes[depth]))
+                       if not self.bf16_comm else
+                       (summed(flats[axes], self.mesh.group(axes[depth]), True), None)
                        for axes in flats if len(axes) > depth]
             for axes, (total, work) in zip([a for a in flats if len(a) > depth], pending):
                 if work is not None:
                     work.wait()
                 flats[axes] = total
         order = list(flats)
-        every = summed(torch.cat([flats[axes] for axes in order]), self.mesh.group("dp")) \
-            / self.mesh.size("dp")
+        every = summed(torch.cat([flats[axes] for axes in order]), self.mesh.group("dp"),
+                       self.bf16_comm) / self.mesh.size("dp")
         offset = 0
         for axes in order:
             for p in by_axes[axes]:

@@ -54,10 +54,13 @@ def _local(piece: Tuple[slice, slice], within: Tuple[slice, slice]) -> Tuple[sli
 
 
 def _exchange(x: Tensor, group, members: List[Dict[str, int]], me: int,
-              sizes: Dict[str, int], src: Layout, dst: Layout, n: int, h: int) -> Tensor:
+              sizes: Dict[str, int], src: Layout, dst: Layout, n: int, h: int,
+              bf16: bool = False) -> Tensor:
     r"""The replicas of every :obj:`src` block at coordinate 0 of its third axis send each
     process the overlap with its :obj:`dst` block; returns this process's :obj:`dst` block
-    (covered exactly once: the senders' blocks tile the matrix)."""
+    (covered exactly once: the senders' blocks tile the matrix).  :obj:`bf16`: the pieces
+    travel as bfloat16 (as bytes; the piece a process keeps is rounded too, as its replicas
+    receive it)."""
     owner = _third(src)
     mine_src = _blk(members[me], sizes, src, n, h)
     mine_dst = _blk(members[me], sizes, dst, n, h)
@@ -73,10 +76,18 @@ def _exchange(x: Tensor, group, members: List[Dict[str, int]], me: int,
         recv_pieces.append(incoming)
         recv_counts.append(_size(incoming))
     send = torch.cat(sends)
-    recv = x.new_empty(sum(recv_counts))
-    pmm._sent[0] += (sum(send_counts) - send_counts[me]) * x.element_size()
-    dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
-                           input_split_sizes=send_counts, group=group)
+    if bf16 and x.is_floating_point():
+        wire = send.to(torch.bfloat16).view(torch.uint8)
+        received = wire.new_empty(2 * sum(recv_counts))
+        dist.all_to_all_single(received, wire, output_split_sizes=[2 * c for c in recv_counts],
+                               input_split_sizes=[2 * c for c in send_counts], group=group)
+        recv = received.view(torch.bfloat16).to(x.dtype)
+        pmm._sent[0] += (sum(send_counts) - send_counts[me]) * 2
+    else:
+        recv = x.new_empty(sum(recv_counts))
+        pmm._sent[0] += (sum(send_counts) - send_counts[me]) * x.element_size()
+        dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
+                               input_split_sizes=send_counts, group=group)
     out = x.new_empty((mine_dst[0].stop - mine_dst[0].start,
                        mine_dst[1].stop - mine_dst[1].start))
     for piece, part in zip(recv_pieces, torch.split(recv, recv_counts)):
@@ -88,21 +99,21 @@ def _exchange(x: Tensor, group, members: List[Dict[str, int]], me: int,
 
 class _Reshard(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group, members, me, sizes, src, dst, n, h) -> Tensor:
-        ctx.args = (group, members, me, sizes, src, dst, n, h)
-        return _exchange(x, group, members, me, sizes, src, dst, n, h)
+    def forward(ctx, x: Tensor, group, members, me, sizes, src, dst, n, h, bf16) -> Tensor:
+        ctx.args = (group, members, me, sizes, src, dst, n, h, bf16)
+        return _exchange(x, group, members, me, sizes, src, dst, n, h, bf16)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        group, members, me, sizes, src, dst, n, h = ctx.args
+        group, members, me, sizes, src, dst, n, h, bf16 = ctx.args
         # The transpose: the destination blocks' owners send every holder of a source block
         # (all its replicas) the overlapping part of the gradient.
-        out = _exchange(grad.contiguous(), group, members, me, sizes, dst, src, n, h)
-        return (out, ) + (None, ) * 8
+        out = _exchange(grad.contiguous(), group, members, me, sizes, dst, src, n, h, bf16)
+        return (out, ) + (None, ) * 9
 
 
 def reshard(x: Tensor, group, members: List[Dict[str, int]], me: int, sizes: Dict[str, int],
-            src: Layout, dst: Layout, n: int, h: int) -> Tensor:
+            src: Layout, dst: Layout, n: int, h: int, bf16: bool = False) -> Tensor:
     r"""This process's block of the :obj:`dst` layout of the :math:`n \times h` matrix whose
     :obj:`src` block :obj:`x` it holds (differentiable).
 
@@ -115,7 +126,8 @@ def reshard(x: Tensor, group, members: List[Dict[str, int]], me: int, sizes: Dic
         sizes (Dict[str, int]): Grid size along ``x``, ``y``, ``z``.
         src, dst (Layout): ``(row axis, column axis)`` of the two layouts.
         n, h (int): Rows and columns of the whole matrix.
+        bf16 (bool): The pieces (and their gradients) cross the wire as bfloat16.
     """
     if len(members) == 1:
         return x.clone()
-    return _Reshard.apply(x, group, members, me, sizes, src, dst, n, h)
+    return _Reshard.apply(x, group, members, me, sizes, src, dst, n, h, bf16)

@@ -171,7 +171,7 @@ class GridSplit:
             return
         # One all-reduce for all of them (DDP buckets them too), not one per parameter.
         mean = summed(torch.cat([p.grad.reshape(-1) for p in rest]),
-                      self.mesh.group("dp")) / replicas
+                      self.mesh.group("dp"), self.bf16_comm) / replicas
         offset = 0
         for p in rest:
             n = p.grad.numel()

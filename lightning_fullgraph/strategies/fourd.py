@@ -46,8 +46,9 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
         dp (int, optional): Data-parallel replicas (default: world size / grid size).
         grid (Tuple[int, int, int]): ``(x, y, z)`` processes per replica.
         seed (int): Seed of the split layers' dropout masks.
-        bf16_comm (bool): Send the parallel matmuls' partial sums and their gradients as
-            bfloat16, summed in fp32 (ScaleGNN §V; lossy, half those bytes; announced with a
+        bf16_comm (bool): Send the parallel matmuls' partial sums and their gradients, the
+            residual's reshard and the weight-gradient reduction as bfloat16, summed in fp32
+            (ScaleGNN §V; lossy, about half a step's bytes at any axis size; announced with a
             warning at setup).
         timeout (timedelta, float or TimeoutConfig): Lightning's meaning: one duration is the
             process group's timeout, for start-up and every collective alike; the default,
@@ -120,7 +121,7 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
         self.mesh = FourDMesh.create(self.dims, timeout=self.collective_timeout)
         if self.bf16_comm:
             rank_zero_warn("FourDStrategy(bf16_comm=True): the parallel matmuls' partial sums "
-                           "cross the wire as bfloat16; training is not exact (bf16_comm=False "
+                           "and the gradients cross the wire as bfloat16; training is not exact (bf16_comm=False "
                            "for fp32)", category=UserWarning)
         super().setup(trainer)
         if trainer.state.fn != TrainerFn.FITTING:

@@ -122,31 +122,59 @@ def test_layouts_rotate_with_period_three():
     assert [block(10, 3, i) for i in range(3)] == [slice(0, 3), slice(3, 6), slice(6, 10)]
 
 
-def _bf16(rank, world_size):
+def _bf16(rank, world_size, grid):
     from lightning_fullgraph.parallel import pmm
-    mesh = FourDMesh.create(FourDDims.of(1, (2, 2, 1)))
-    x, ei, w, y, mask = _batch(0)
+    mesh = FourDMesh.create(FourDDims.of(world_size // (grid[0] * grid[1] * grid[2]), grid))
+    # A batch of Cora's proportions (a quarter of the graph, 64 hidden channels, 7 classes):
+    # the parallel products' features then outweigh the weights, as in training.
+    n, b, d, hidden, classes = 800, 200, 64, 64, 7
+    g = torch.Generator().manual_seed(1)
+    ei = torch.randint(0, n, (2, 4 * n), generator=g)
+    ei = torch.cat([ei, ei.flip(0)], dim=1)
+    x, y = torch.randn(n, d, generator=g), torch.randint(0, classes, (n, ), generator=g)
+    batch = UniformVertexSampler(ei, n, b, seed=3).sample(step=0, replica=mesh.coordinate("dp"))
+    x, y = x[batch.nodes], y[batch.nodes]
     out = {}
     for bf16 in (False, True):
         torch.manual_seed(0)
-        model = Grid3DScaleGNN(ScaleGNN(D_IN, HIDDEN, LAYERS, CLASSES), mesh, bf16_comm=bf16)
+        model = Grid3DScaleGNN(ScaleGNN(d, hidden, LAYERS, classes, dropout=0.0), mesh,
+                               bf16_comm=bf16, gather_output=True)
         pmm.reset_bytes()
-        logits = model(x, ei, w)
-        model.loss(logits, y, mask).backward()
+        logits = model(x, batch.edge_index, batch.edge_weight)
+        forward_bytes = pmm.bytes_sent()
+        torch.nn.functional.cross_entropy(logits, y).backward()
         model.reduce_gradients()
         out[bf16] = (logits.detach(), [p.grad.clone() for p in model.parameters()],
-                     pmm.bytes_sent())
+                     forward_bytes, pmm.bytes_sent())
 
-    def rel(a, b):
-        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+    def rel(a, b):  # the relative error of the whole tensor
+        return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
-    (l32, g32, b32), (l16, g16, b16) = out[False], out[True]
+    (l32, g32, f32, b32), (l16, g16, f16, b16) = out[False], out[True]
     return dict(logits=rel(l16, l32), grads=max(rel(a, b) for a, b in zip(g16, g32)),
-                bytes_ratio=b16 / b32)
+                forward_ratio=f16 / f32, step_ratio=b16 / b32, logits16=l16,
+                replica=mesh.coordinate("dp"))
 
 
-def test_bf16_communication_is_bounded_and_smaller():
-    for r in run_distributed(_bf16, 4, timeout_s=240):
-        # bfloat16 keeps 8 bits of mantissa: a relative error of a few 1e-3 per sum.
-        assert 0 < r["logits"] <= 2e-2 and 0 < r["grads"] <= 5e-2, r
-        assert r["bytes_ratio"] < 0.9, r
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("grid", [(2, 2, 1), (4, 1, 1), (1, 1, 4), (2, 1, 1)])
+def test_bf16_communication_halves_the_bytes_at_every_axis_size(grid):
+    # The parallel products' partial sums and the residual's reshard in bfloat16 (a ring
+    # all-reduce in fp32 against a reduce-scatter and an all-gather in bf16: 0.5x): a step's
+    # bytes at most 0.55x fp32's at axis sizes 2 and 4, what stays fp32 (RMSNorm's norms,
+    # the logits, the weight gradients, the replicas' all-reduce with (2, 1, 1)) included.
+    results = run_distributed(_bf16, 4, grid, timeout_s=240)
+    for r in results:
+        # bfloat16 keeps 8 bits of mantissa: 2e-3 to 3e-3 relative error of the logits
+        # measured; the weight gradients, sums over the batch's rows that largely cancel,
+        # 0.3-5.6 % (the relative error of the whole tensor, the worst block).  Whether that
+        # costs accuracy is the benchmark's question (python -m benchmarks fourd).
+        assert 0 < r["logits"] <= 1e-2 and 0 < r["grads"] <= 8e-2, r
+        assert r["forward_ratio"] <= 0.55 and r["step_ratio"] <= 0.55, r
+    # The rounded sums are the same on every process of a replica (they all gathered the
+    # same bf16 values): a grid that disagreed would drift apart.
+    first = {}
+    for r in results:
+        same = first.setdefault(r["replica"], r["logits16"])
+        assert torch.equal(r["logits16"], same)
+    assert len(first) == 4 // (grid[0] * grid[1] * grid[2])
