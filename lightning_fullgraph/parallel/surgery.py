@@ -40,6 +40,27 @@ def splittable_children(module: torch.nn.Module) -> List[Tuple[torch.nn.Module, 
     return found
 
 
+def _owning_layers(module: torch.nn.Module, names: List[str]) -> List[str]:
+    r"""``"name (Class)"`` of the layer holding each parameter of :obj:`names`: its outermost
+    PyG message-passing ancestor, else the module that owns it; each layer once."""
+    from torch_geometric.nn.conv import MessagePassing
+
+    modules = dict(module.named_modules())
+    out: List[str] = []
+    for name in names:
+        parts = name.split(".")[:-1]
+        owner = ".".join(parts)
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if isinstance(modules.get(prefix), MessagePassing):
+                owner = prefix
+                break
+        label = f"{owner or '(the model itself)'} ({type(modules[owner]).__name__})"
+        if label not in out:
+            out.append(label)
+    return out
+
+
 #: Attribute of a model put back by :meth:`GridSplit.revert`: its split's dropout step counter.
 STEP_ATTR = "_grid_dropout_step"
 
@@ -137,11 +158,13 @@ class GridSplit:
         others = [n for n, p in self.module.named_parameters() if id(p) not in held]
         if others:
             self.revert(gather=False)
+            layers = _owning_layers(self.module, others)
             raise TypeError(
-                f"a grid of {self.grid} splits ScaleGNN and torch_geometric GCN models; these "
-                f"parameters are outside them: {', '.join(others[:8])}"
-                f"{' ...' if len(others) > 8 else ''}. Their gradients would be wrong on a "
-                "grid: put every layer inside the split model, or train with grid=(1, 1, 1)")
+                f"a grid of {self.grid} splits only lightning_fullgraph.parallel.ScaleGNN and "
+                f"torch_geometric's GCN models; these layers are outside them: "
+                f"{', '.join(layers[:8])}{' ...' if len(layers) > 8 else ''}. Their gradients "
+                "would be wrong on a grid: build the model from ScaleGNN or GCN(..., "
+                "normalize=False), or train it data parallel with grid=(1, 1, 1)")
         return self
 
     def revert(self, gather: bool = True) -> None:

@@ -109,3 +109,17 @@ def test_dropout_step_counter_is_checkpoint_state():
         assert same and differs
         assert after_revert == {"model": 4} and continued == 4
         assert refused is not None and "'encoder'" in refused
+
+
+def test_a_refusal_names_the_layers_by_class():
+    # What a grid cannot split yet (GraphSAGE, GIN, a hand-written head) is named as the
+    # user wrote it: the message-passing layer, or the module owning the parameter.
+    from torch_geometric.nn.models import GIN, GraphSAGE
+
+    from lightning_fullgraph.parallel.surgery import _owning_layers
+    holder = torch.nn.Module()
+    holder.sage, holder.gin, holder.head = GraphSAGE(4, 8, 2), GIN(4, 8, 2), torch.nn.Linear(8, 3)
+    names = [n for n, _ in holder.named_parameters()]
+    assert _owning_layers(holder, names) == [
+        "sage.convs.0 (SAGEConv)", "sage.convs.1 (SAGEConv)", "gin.convs.0 (GINConv)",
+        "gin.convs.1 (GINConv)", "head (Linear)"]
