@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 HERE = Path(__file__).resolve().parent
 #: Commands that are not topics.
 COMMANDS = {"curate": "an entry of benchmarks/results.json from a topic's result file",
-            "plot": "a topic's figure (cluster, kernels) from its result file"}
+            "plot": "a topic's figure (cluster, fourd, kernels) from its result file"}
 
 
 def topics() -> Dict[str, str]:

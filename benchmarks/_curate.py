@@ -180,6 +180,11 @@ def _plot_cluster(result: Dict[str, Any], out: str) -> None:
     plot(result["rows"], out)
 
 
+def _plot_fourd(result: Dict[str, Any], out: str) -> None:
+    from .fourd import plot
+    plot(result["rows"], out)
+
+
 def _plot_kernels(result: Dict[str, Any], out: str) -> None:
     from .kernels import plot
     rows = result.get("aggregation") or []
@@ -189,11 +194,13 @@ def _plot_kernels(result: Dict[str, Any], out: str) -> None:
 
 
 #: topic -> plotter(result, png path): the figures under docs/ (cluster-*.png: the step per
-#: configuration and model; kernels-*.png: bandwidth shares and speed-ups, the row-read floor
+#: configuration and model; fourd-*.png: test accuracy and bytes per step of each 4-D
+#: configuration; kernels-*.png: bandwidth shares and speed-ups, the row-read floor
 #: and the reachable bound when the run timed them).  docs/plan-cora.png is drawn by
 #: ``lightning-fullgraph plan --plot``, not by a benchmark.
 PLOTTERS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "cluster": _plot_cluster,
+    "fourd": _plot_fourd,
     "kernels": _plot_kernels,
 }
 

@@ -21,6 +21,8 @@ Every configuration is one ``lightning-fullgraph train --json`` run (runs are st
 ``4d grid scalegnn``     ScaleGNN split over a (2,2,1) grid, one replica
 ``4d dp2 x grid``        two replicas of a (2,1,1) grid
 ``... bf16``             the grid's partial sums as bfloat16 (``--bf16-comm``)
+``4d ... gcn``           the CLI's default 4d model (PyG's GCN, 2 layers) on grids
+                         dp 2 x (2,1,1), (2,2,1) and (4,1,1)
 =======================  ===============================================================
 
 A 4d epoch is ``ceil(N / B)`` steps of ``B`` sampled vertices (default a quarter of the
@@ -62,8 +64,44 @@ CONFIGS = {
                                    "--layers", "3"), None),
     "4d grid bf16": ("scalegnn", ("--strategy", "4d", "--grid", "2,2,1", "--layers", "3",
                                   "--bf16-comm"), None),
+    # The CLI's default 4d recipe (its default model, PyG's GCN) on the issue's two grids.
+    "4d dp2 x grid gcn": ("gcn", ("--strategy", "4d", "--dp", "2", "--grid", "2,1,1"), None),
+    "4d grid gcn": ("gcn", ("--strategy", "4d", "--grid", "2,2,1"), None),
+    "4d grid gcn bf16": ("gcn", ("--strategy", "4d", "--grid", "2,2,1", "--bf16-comm"), None),
+    "4d 4x1x1 gcn": ("gcn", ("--strategy", "4d", "--grid", "4,1,1"), None),
+    "4d 4x1x1 gcn bf16": ("gcn", ("--strategy", "4d", "--grid", "4,1,1", "--bf16-comm"), None),
 }
 REFERENCE, SINGLE = "fullgraph gcn", "pyg single gcn"
+
+
+def plot(rows, path: str, target: float = None) -> None:
+    r"""Test accuracy (mean and spread over the seeds, every seed a dot) and bytes per step
+    and rank of each configuration: the figure of ``--plot`` and ``python -m benchmarks plot
+    fourd``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [r["config"] for r in rows]
+    fig, (acc, comm) = plt.subplots(1, 2, figsize=(12, 4))
+    xs = range(len(rows))
+    acc.bar(xs, [100 * r["test_acc_mean"] for r in rows],
+            yerr=[100 * r["test_acc_std"] for r in rows], capsize=3, color="tab:blue", alpha=0.6)
+    for x, r in zip(xs, rows):
+        acc.scatter([x] * len(r["test_acc"]), [100 * a for a in r["test_acc"]], s=10,
+                    color="black", zorder=3)
+    low = min(100 * min(r["test_acc"]) for r in rows)
+    acc.set_ylim(max(0.0, low - 10), 100)
+    acc.set_ylabel("test accuracy (%)")
+    acc.set_title(f"{rows[0]['dataset']}: test accuracy, seeds {rows[0]['seeds']}")
+    comm.bar(xs, [r["MB_per_step_per_rank"] for r in rows], color="tab:orange")
+    comm.set_ylabel("MB per step and rank")
+    comm.set_yscale("log")
+    comm.set_title("communication per training step")
+    for ax in (acc, comm):
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def _time_to(trace, target):
@@ -89,6 +127,8 @@ def main(argv=None) -> None:
                    help="JSON-lines file of finished runs, reused by later invocations "
                         "('' to keep none; default in the results directory)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", default=None, metavar="FIG.png",
+                   help="also draw test accuracy and bytes per step of every configuration")
     add_out_argument(p)
     args = p.parse_args(argv)
     runs = Runs(Path(args.runs) if args.runs else None)
@@ -141,6 +181,8 @@ def main(argv=None) -> None:
         })
     result = {"target_val_acc": target, "rows": rows}
     write_result("fourd", result, args.out, indent=2)
+    if args.plot:
+        plot(rows, args.plot)
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     gd.add_argument("--dataset", default="cora", help="dataset name, spec or partition dir")
     gd.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gin", "scalegnn"],
                     help="PyG BasicGNN model, or 'scalegnn' (ScaleGNN's residual GCN with "
-                         "RMSNorm; split over --grid with --strategy 4d)")
+                         "RMSNorm); with --strategy 4d every model but gat splits over --grid")
     gd.add_argument("--devices", type=int, default=None,
                     help="processes (default: one per CPU core, or per GPU with "
                          "--accelerator gpu, at most 4)")

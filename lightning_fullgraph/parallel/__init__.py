@@ -7,14 +7,18 @@ r"""ScaleGNN's 4-D parallelism (data parallel x a 3-D grid), piece by piece.
 * :mod:`.scalegnn` -- :class:`ScaleGNN`, the model on one process; :mod:`.grid3d` --
   :class:`Grid3DScaleGNN`, the same model over a 3-D grid (:mod:`.pmm`: blocks, layouts and
   the collectives), with data-parallel replicas; :mod:`.gcn3d` -- :class:`Grid3DGCN`, PyG's
-  ``GCN`` split the same way.
+  ``GCN`` split the same way; :mod:`.grid_rows` -- :class:`GridRowsModel`, any model of
+  ``GCNConv``, ``SAGEConv``, ``GraphConv`` and ``GINConv`` layers (GraphSAGE, GIN, a
+  hand-written one) with whole rows between its layers.
 """
 from .dims import AXES, FourDDims
 from .gcn3d import Grid3DGCN
 from .grid3d import Grid3DScaleGNN
+from .grid_rows import GridRowsModel
 from .mesh import FourDMesh
 from .sampling import SampledSubgraph, UniformVertexSampler, sample_seed
 from .scalegnn import ScaleGNN
 
-__all__ = ["AXES", "FourDDims", "FourDMesh", "Grid3DGCN", "Grid3DScaleGNN", "SampledSubgraph",
+__all__ = ["AXES", "FourDDims", "FourDMesh", "Grid3DGCN", "Grid3DScaleGNN", "GridRowsModel",
+           "SampledSubgraph",
            "ScaleGNN", "UniformVertexSampler", "sample_seed"]

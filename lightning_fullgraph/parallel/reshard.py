@@ -10,7 +10,7 @@ transpose: the destination replicas at their third-axis coordinate 0 send every 
 source block (all its replicas: they must all get the complete gradient) the overlapping part
 of the gradient.
 """
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -21,19 +21,34 @@ from .pmm import block
 
 __all__ = ["Layout", "reshard"]
 
-#: ``(row axis, column axis)`` of a block layout over the grid axes ``x``, ``y``, ``z``.
-Layout = Tuple[str, str]
+#: ``(row axes, column axes)`` of a block layout over the grid axes ``x``, ``y``, ``z``: each
+#: one axis, or a tuple of axes whose coordinates index the blocks in mixed radix (``()``: not
+#: split), e.g. ``("x", "y")`` or ``(("x", "y", "z"), ())`` (rows over the whole grid, in the
+#: grid group's rank order).  The processes along the axes in neither hold equal copies.
+Layout = Tuple[Union[str, Tuple[str, ...]], Union[str, Tuple[str, ...]]]
 _AXES = ("x", "y", "z")
 
 
-def _third(layout: Layout) -> str:
-    return next(a for a in _AXES if a not in layout)
+def _axes(part: Union[str, Tuple[str, ...]]) -> Tuple[str, ...]:
+    return (part, ) if isinstance(part, str) else tuple(part)
+
+
+def _replicated(layout: Layout) -> Tuple[str, ...]:
+    used = _axes(layout[0]) + _axes(layout[1])
+    return tuple(a for a in _AXES if a not in used)
+
+
+def _split(n: int, coords: Dict[str, int], sizes: Dict[str, int], axes: Tuple[str, ...]) -> slice:
+    index, count = 0, 1
+    for a in axes:
+        index, count = index * sizes[a] + coords[a], count * sizes[a]
+    return block(n, count, index)
 
 
 def _blk(coords: Dict[str, int], sizes: Dict[str, int], layout: Layout, n: int,
          h: int) -> Tuple[slice, slice]:
-    r, c = layout
-    return block(n, sizes[r], coords[r]), block(h, sizes[c], coords[c])
+    return (_split(n, coords, sizes, _axes(layout[0])),
+            _split(h, coords, sizes, _axes(layout[1])))
 
 
 def _overlap(a: Tuple[slice, slice], b: Tuple[slice, slice]) -> Tuple[slice, slice]:
@@ -61,18 +76,19 @@ def _exchange(x: Tensor, group, members: List[Dict[str, int]], me: int,
     (covered exactly once: the senders' blocks tile the matrix).  :obj:`bf16`: the pieces
     travel as bfloat16 (as bytes; the piece a process keeps is rounded too, as its replicas
     receive it)."""
-    owner = _third(src)
+    owner = _replicated(src)
     mine_src = _blk(members[me], sizes, src, n, h)
     mine_dst = _blk(members[me], sizes, dst, n, h)
     sends, send_counts, recv_pieces, recv_counts = [], [], [], []
     for q in members:
         q_dst, q_src = _blk(q, sizes, dst, n, h), _blk(q, sizes, src, n, h)
-        piece = _overlap(mine_src, q_dst) if members[me][owner] == 0 else (slice(0, 0),
-                                                                           slice(0, 0))
+        piece = _overlap(mine_src, q_dst) if all(members[me][a] == 0 for a in owner) \
+            else (slice(0, 0), slice(0, 0))
         rows, cols = _local(piece, mine_src)
         sends.append(x[rows, cols].reshape(-1))
         send_counts.append(_size(piece))
-        incoming = _overlap(q_src, mine_dst) if q[owner] == 0 else (slice(0, 0), slice(0, 0))
+        incoming = _overlap(q_src, mine_dst) if all(q[a] == 0 for a in owner) \
+            else (slice(0, 0), slice(0, 0))
         recv_pieces.append(incoming)
         recv_counts.append(_size(incoming))
     send = torch.cat(sends)

@@ -15,6 +15,7 @@ from torch import Tensor
 from .gcn3d import Grid3DGCN, check_convertible
 from .grid3d import Grid3DScaleGNN
 from .grid_module import GridModule
+from .grid_rows import GridRowsModel, check_rows_convertible
 from .mesh import FourDMesh
 from .pmm import summed
 from .scalegnn import ScaleGNN
@@ -23,21 +24,48 @@ __all__ = ["GridSplit", "splittable_children", "grid_steps", "load_grid_steps"]
 
 
 def splittable_children(module: torch.nn.Module) -> List[Tuple[torch.nn.Module, str,
-                                                               torch.nn.Module]]:
-    r"""``(parent, attribute, child)`` of every :class:`~.scalegnn.ScaleGNN` and PyG
-    :class:`~torch_geometric.nn.models.GCN` in :obj:`module`; a GCN that cannot be split is
-    refused by name (:func:`~.gcn3d.check_convertible`)."""
+                                                               torch.nn.Module, str]]:
+    r"""``(parent, attribute, child, kind)`` of every model in :obj:`module` a grid splits:
+    ``"scalegnn"`` (a :class:`~.scalegnn.ScaleGNN`: :class:`~.grid3d.Grid3DScaleGNN`),
+    ``"gcn"`` (a PyG :class:`~torch_geometric.nn.models.GCN` that
+    :class:`~.gcn3d.Grid3DGCN` splits, its layouts rotating from layer to layer) and
+    ``"rows"`` (the outermost other module holding PyG convolutions:
+    :class:`~.grid_rows.GridRowsModel`, whole rows between its layers).  Modules holding no
+    convolution are not split (they run whole, on every process alike).  What cannot be
+    split is refused by name (:func:`~.grid_rows.check_rows_convertible`)."""
+    from torch_geometric.nn.conv import MessagePassing
     from torch_geometric.nn.models import GCN
 
+    def holds(child: torch.nn.Module, kind) -> bool:
+        return any(isinstance(m, kind) for m in child.modules())
+
     found = []
-    for parent in module.modules():
+
+    def visit(parent: torch.nn.Module, prefix: str) -> None:
         for name, child in parent.named_children():
+            path = prefix + name
             if isinstance(child, ScaleGNN):
-                found.append((parent, name, child))
-            elif isinstance(child, GCN):
-                check_convertible(child, name)
-                found.append((parent, name, child))
+                found.append((parent, name, child, "scalegnn"))
+            elif isinstance(child, GCN) and _grid3d_convertible(child, path):
+                found.append((parent, name, child, "gcn"))
+            elif holds(child, (ScaleGNN, GCN)) and not isinstance(child, GCN):
+                visit(child, path + ".")
+            elif holds(child, MessagePassing):
+                check_rows_convertible(child, path)
+                found.append((parent, name, child, "rows"))
+
+    visit(module, "")
     return found
+
+
+def _grid3d_convertible(model: torch.nn.Module, name: str) -> bool:
+    # Grid3DGCN where it applies (its layouts rotate: no reshard between layers), else the
+    # split by rows, which names what it cannot split either.
+    try:
+        check_convertible(model, name)
+        return True
+    except TypeError:
+        return False
 
 
 def _owning_layers(module: torch.nn.Module, names: List[str]) -> List[str]:
@@ -142,12 +170,15 @@ class GridSplit:
         self.applied = True
         if math.prod(self.grid) == 1:
             return self  # data parallel only: every model runs whole
-        for parent, name, child in splittable_children(self.module):
-            if isinstance(child, ScaleGNN):
+        for parent, name, child, kind in splittable_children(self.module):
+            if kind == "scalegnn":
                 split = Grid3DScaleGNN(child, self.mesh, seed=self.seed, gather_output=True,
                                        bf16_comm=self.bf16_comm)
-            else:
+            elif kind == "gcn":
                 split = Grid3DGCN(child, self.mesh, seed=self.seed, bf16_comm=self.bf16_comm)
+            else:
+                split = GridRowsModel(child, self.mesh, seed=self.seed,
+                                      bf16_comm=self.bf16_comm)
             if device is not None:
                 split = split.to(device)
             # Split again (a later fit): its masks continue where the last split's stopped.
@@ -156,15 +187,24 @@ class GridSplit:
             self.splits.append((parent, name, child, split))
         held = {id(p) for *_, split in self.splits for p in split.parameters()}
         others = [n for n, p in self.module.named_parameters() if id(p) not in held]
-        if others:
+        rotating = [type(split).__name__ for *_, split in self.splits
+                    if not isinstance(split, GridRowsModel)]
+        if others and rotating:
+            # Grid3DScaleGNN and Grid3DGCN cut their input without summing its gradient over
+            # the grid: a layer before them would get a part of its gradient.  (Layers around
+            # a GridRowsModel, which does, run whole on every process and are right.)
             self.revert(gather=False)
             layers = _owning_layers(self.module, others)
             raise TypeError(
-                f"a grid of {self.grid} splits only lightning_fullgraph.parallel.ScaleGNN and "
-                f"torch_geometric's GCN models; these layers are outside them: "
+                f"a grid of {self.grid} splits {', '.join(sorted(set(rotating)))} with layouts "
+                f"that rotate, and these layers are outside them: "
                 f"{', '.join(layers[:8])}{' ...' if len(layers) > 8 else ''}. Their gradients "
-                "would be wrong on a grid: build the model from ScaleGNN or GCN(..., "
-                "normalize=False), or train it data parallel with grid=(1, 1, 1)")
+                "would be wrong on a grid: put every layer inside the split model, or train "
+                "it data parallel with grid=(1, 1, 1)")
+        if not self.splits:
+            raise TypeError(f"a grid of {self.grid} found nothing to split in "
+                            f"{type(self.module).__name__}: no ScaleGNN and no PyG "
+                            "convolution; train it data parallel with grid=(1, 1, 1)")
         return self
 
     def revert(self, gather: bool = True) -> None:

@@ -35,9 +35,13 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
     (give it the batch's ``edge_weight``: the rescaled normalized weights).  With a larger
     grid, :class:`~lightning_fullgraph.parallel.ScaleGNN` and PyG
     :class:`~torch_geometric.nn.models.GCN` (``normalize=False``; batch or layer norms between
-    the layers) modules are split (:class:`~lightning_fullgraph.parallel.Grid3DGCN`; outputs
-    gathered, so the training step's ``out[mask]`` loss works unchanged); a parameter outside
-    them is refused by name.
+    the layers) modules are split with layouts that rotate
+    (:class:`~lightning_fullgraph.parallel.Grid3DGCN`), and any other module holding
+    ``GCNConv``, ``SAGEConv``, ``GraphConv`` or ``GINConv`` layers (PyG's GraphSAGE, GIN, a
+    hand-written model) with whole rows between its layers
+    (:class:`~lightning_fullgraph.parallel.GridRowsModel`); outputs are gathered, so the
+    training step's ``out[mask]`` loss works unchanged.  What a grid cannot split (attention,
+    batch statistics inside such a model) is refused by name.
     Gradients of split weights are summed over the axis that splits their rows and averaged
     over replicas, the others averaged over replicas.  Checkpoints hold the whole model, as
     one process would save it, and every rank's optimizer state.

@@ -46,8 +46,9 @@ def test_state_dict_round_trip_and_revert():
 
 def test_splittable_children_refuse_by_name():
     holder = torch.nn.Module()
-    holder.encoder = GCN(4, 8, 2, 3)  # normalize=True: not splittable
-    with pytest.raises(TypeError, match="'encoder.convs.0' normalizes"):
+    # normalize=True: not for Grid3DGCN; BatchNorm's statistics: not for whole rows either.
+    holder.encoder = GCN(4, 8, 2, 3, norm="batch_norm")
+    with pytest.raises(TypeError, match="'encoder.norms.0.module' is a BatchNorm1d"):
         splittable_children(holder)
 
 

@@ -17,7 +17,7 @@ STEPS, EPOCHS, BATCH = 3, 2, 40
 
 def _module(kind, in_channels, classes, dropout=0.0):
     import lightning.pytorch as pl
-    from torch_geometric.nn import GCNConv
+    from torch_geometric.nn import GATConv, GCNConv
     from torch_geometric.nn.models import GCN
 
     from lightning_fullgraph.parallel import ScaleGNN
@@ -29,8 +29,9 @@ def _module(kind, in_channels, classes, dropout=0.0):
                 self.model = ScaleGNN(in_channels, 8, 3, classes, dropout=dropout)
             elif kind == "pyg_gcn":
                 self.model = GCN(in_channels, 8, 2, classes, normalize=False)
-            else:
-                self.conv1 = GCNConv(in_channels, 8, normalize=False)
+            else:  # bare layers of the LightningModule: each split by rows, "gat" refused
+                self.conv1 = GATConv(in_channels, 8) if kind == "gat" else \
+                    GCNConv(in_channels, 8, normalize=False)
                 self.conv2 = GCNConv(8, classes, normalize=False)
 
         def forward(self, x, edge_index, edge_weight):
@@ -146,6 +147,7 @@ def _dropout_resume(world_size, tmp, kind, dp, grid, data, dm):
     ("scalegnn", 1, (2, 1, 1), False),   # 3-D split
     ("scalegnn", 2, (1, 2, 1), True),    # both, resumed from a checkpoint after one epoch
     ("pyg_gcn", 1, (2, 1, 1), False),    # PyG's GCN model split over the grid
+    ("gcn", 1, (2, 1, 1), True),         # the LightningModule's own GCNConv layers, by rows
 ])
 def test_fourd_equals_single_process(tmp_path, kind, dp, grid, resume):
     world = dp * grid[0] * grid[1] * grid[2]
@@ -167,7 +169,7 @@ def test_bad_dims_are_refused():
 def _refused(rank, world_size, tmp):
     from lightning_fullgraph.data.sampled import SampledNodeDataModule
     data = skewed_graph()
-    module = _module("gcn", data.num_features, 4)  # bare GCNConv layers: not splittable
+    module = _module("gat", data.num_features, 4)  # a GATConv: not splittable
     try:
         _trainer(tmp, world_size, 1, (2, 1, 1), 1).fit(
             module, datamodule=SampledNodeDataModule(data, BATCH, STEPS, seed=5))
@@ -179,7 +181,7 @@ def _refused(rank, world_size, tmp):
 def test_layers_outside_a_split_model_are_refused_by_name(tmp_path):
     for message in run_distributed(_refused, 2, str(tmp_path), timeout_s=120):
         # The layer, by name and class (not its parameters one by one), and what to do.
-        assert message is not None and "conv1 (GCNConv)" in message, message
+        assert message is not None and "'conv1' is a GATConv" in message, message
         assert "grid=(1, 1, 1)" in message and "lin.weight" not in message, message
 
 
