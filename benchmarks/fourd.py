@@ -23,6 +23,8 @@ Every configuration is one ``lightning-fullgraph train --json`` run (runs are st
 ``... bf16``             the grid's partial sums as bfloat16 (``--bf16-comm``)
 ``4d ... gcn``           the CLI's default 4d model (PyG's GCN, 2 layers) on grids
                          dp 2 x (2,1,1), (2,2,1) and (4,1,1)
+``4d grid sage``         PyG's GraphSAGE split over a (2,2,1) grid (whole rows between
+                         its layers)
 =======================  ===============================================================
 
 A 4d epoch is ``ceil(N / B)`` steps of ``B`` sampled vertices (default a quarter of the
@@ -70,6 +72,8 @@ CONFIGS = {
     "4d grid gcn bf16": ("gcn", ("--strategy", "4d", "--grid", "2,2,1", "--bf16-comm"), None),
     "4d 4x1x1 gcn": ("gcn", ("--strategy", "4d", "--grid", "4,1,1"), None),
     "4d 4x1x1 gcn bf16": ("gcn", ("--strategy", "4d", "--grid", "4,1,1", "--bf16-comm"), None),
+    # PyG's GraphSAGE itself on a grid (whole rows between its layers: GridRowsModel).
+    "4d grid sage": ("sage", ("--strategy", "4d", "--grid", "2,2,1"), None),
 }
 REFERENCE, SINGLE = "fullgraph gcn", "pyg single gcn"
 
