@@ -65,6 +65,16 @@ ROWS = (("x", "y", "z"), ())
 _R, _C, _T = "x", "y", "z"
 
 
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _under(path: str, prefix: str) -> bool:
+    r"""Whether module :obj:`path` lies strictly inside module :obj:`prefix` (``""``: the
+    root)."""
+    return path != prefix and (not prefix or path.startswith(prefix + "."))
+
+
 def _conv_classes():
     from torch_geometric.nn.conv import GCNConv, GINConv, GraphConv, SAGEConv
     return GCNConv, SAGEConv, GraphConv, GINConv
@@ -106,8 +116,9 @@ def check_rows_convertible(model: torch.nn.Module, name: str = "model") -> None:
     inside_conv: List[str] = []
     for path, module in model.named_modules():
         where = f"{name}.{path}" if path else name
-        if any(path.startswith(p + ".") for p in inside_conv):
-            if not any(path.startswith(p + ".nn") for p in inside_conv):
+        if any(_under(path, p) for p in inside_conv):
+            if not any(_under(path, _join(p, "nn")) or path == _join(p, "nn")
+                       for p in inside_conv):
                 continue  # a convolution's own linear maps: split with it
         if isinstance(module, MessagePassing):
             if type(module) not in convs:
@@ -137,8 +148,6 @@ def check_rows_convertible(model: torch.nn.Module, name: str = "model") -> None:
                         "split over a grid")
 
 
-def _join(*parts: str) -> str:
-    return ".".join(p for p in parts if p)
 
 
 class _CutRows(torch.autograd.Function):
@@ -349,7 +358,7 @@ class GridRowsModel(GridModule):
         convs = _conv_classes()
         self._convs: Dict[str, GridConv] = {}
         for path, module in list(self.model.named_modules()):
-            if type(module) in convs and not any(path.startswith(p + ".") for p in self._convs):
+            if type(module) in convs and not any(_under(path, p) for p in self._convs):
                 parent, _, attr = path.rpartition(".")
                 split = GridConv(module, mesh, bf16_comm)
                 if not path:  # the model is one convolution

@@ -6,7 +6,7 @@ on a fixed sampled batch, fp32 1e-5 -- and what a grid cannot split is refused b
 import pytest
 import torch
 import torch.nn.functional as F
-from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
@@ -135,6 +135,10 @@ def test_what_a_grid_cannot_split_is_refused_by_name():
         check_rows_convertible(GCNConv(4, 4, cached=True))
     with pytest.raises(TypeError, match=r"SAGEConv\(aggr='max'\)"):
         check_rows_convertible(SAGEConv(4, 4, aggr="max"))
+    gin = GINConv(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+    with pytest.raises(TypeError, match=r"'gin.nn.1' is a BatchNorm1d"):
+        check_rows_convertible(gin, "gin")  # a convolution's nn runs on whole rows too
+    check_rows_convertible(GINConv(torch.nn.Linear(4, 4)))
     with pytest.raises(TypeError, match="holds no GCNConv"):
         check_rows_convertible(torch.nn.Linear(4, 4))
 
