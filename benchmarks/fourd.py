@@ -27,7 +27,7 @@ Every configuration is one ``lightning-fullgraph train --json`` run (runs are st
                          its layers)
 =======================  ===============================================================
 
-A 4d epoch is ``ceil(N / B)`` steps of ``B`` sampled vertices (default a quarter of the
+A 4d epoch is ``ceil(N / B)`` steps of ``B`` sampled vertices (default half the
 graph); a NeighborLoader epoch covers every training node once, ``--neighbor-batch`` seed
 nodes per step and process.  Bytes are per rank: halo rows for full-graph training (its
 gradient all-reduce is not counted), every collective of the grid and the replicas for 4d
@@ -127,7 +127,7 @@ def main(argv=None) -> None:
     p.add_argument("--target", type=float, default=None,
                    help="validation accuracy for 'to target' (default: 95 %% of full-graph "
                         "GCN's mean best validation accuracy)")
-    p.add_argument("--runs", default=str(default_results_root() / "fourd-v2.jsonl"),
+    p.add_argument("--runs", default=str(default_results_root() / "fourd-v3.jsonl"),
                    help="JSON-lines file of finished runs, reused by later invocations "
                         "('' to keep none; default in the results directory)")
     p.add_argument("--json", action="store_true")
