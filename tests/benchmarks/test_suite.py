@@ -146,10 +146,12 @@ def test_curate_refuses_a_topic_without_curator_and_an_entry_without_text(tmp_pa
     assert entry["measured"] == "2026-11-28" and "--json-out" not in entry["command"]
 
 
-def test_plot_from_a_result_file(tmp_path):
+@pytest.mark.parametrize("topic, result", [("cluster", "cluster-sage-narrow.json"),
+                                           ("fourd", "fourd-cora.json")])
+def test_plot_from_a_result_file(tmp_path, topic, result):
     pytest.importorskip("matplotlib")
-    png = tmp_path / "cluster.png"
-    proc = _run("plot", "cluster", str(DATA / "cluster-sage-narrow.json"), "--out", str(png))
+    png = tmp_path / f"{topic}.png"
+    proc = _run("plot", topic, str(DATA / result), "--out", str(png))
     assert proc.returncode == 0, proc.stderr
     assert png.stat().st_size > 0
 
