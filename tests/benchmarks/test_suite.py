@@ -159,3 +159,14 @@ def test_plot_from_a_result_file(tmp_path, topic, result):
 def test_benchmarks_stay_out_of_the_wheel():
     text = (REPO / "pyproject.toml").read_text()
     assert re.search(r'\[tool\.setuptools\.packages\.find\]\s*include = \["lightning_fullgraph\*"\]', text)
+
+
+def test_curate_a_fourd_result():
+    proc = _run("curate", str(DATA / "fourd-cora.json"), "--topic", "fourd", "--where",
+                "config=4d grid gcn bf16", "--title", "T", "--setup", "S", "--command", "C",
+                "--measured", "2026-11-29", "--print")
+    assert proc.returncode == 0, proc.stderr
+    entry = json.loads(proc.stdout)["fourd"]
+    assert entry["columns"][:3] == ["configuration", "processes", "test acc (%)"]
+    (row, ) = entry["rows"]
+    assert row[0] == "4d grid gcn bf16" and row[1] == 4 and len(row[3].split(" / ")) == 3
