@@ -10,8 +10,8 @@ figures, from result files.
 wrote to the results directory) with that topic's curator below, takes ``title``, ``setup``
 and ``notes`` from the options or, when the key is already in the file, from its entry, and
 ``command`` and ``measured`` from the options, the result file's metadata or the entry, in
-that order.  Only topics with a curator (:data:`CURATORS`: cluster, fourd) can be curated; entries of other
-topics were copied by hand from the runs' printed tables (their notes name the logs, which are
+that order.  Only topics with a curator (:data:`CURATORS`: cluster, fourd) can be curated;
+entries of other topics were copied by hand from the runs' printed tables (their notes name the logs, which are
 in the git history under ``benchmarks/results/``).
 """
 from __future__ import annotations
@@ -70,7 +70,8 @@ FOURD_COLUMNS = ["configuration", "processes", "test acc (%)", "seeds (%)", "to 
                  "MB/step/rank", "train ms/epoch", "batch", "rank-0 peak RSS (MiB)"]
 
 
-def curate_fourd(result: Dict[str, Any], where: Dict[str, str]) -> Tuple[List[str], List[list], dict]:
+def curate_fourd(result: Dict[str, Any],
+                 where: Dict[str, str]) -> Tuple[List[str], List[list], dict]:
     """Rows of ``python -m benchmarks fourd``'s JSON (``{"target_val_acc": ..., "rows": [...]}``),
     those matching every ``where`` field (e.g. ``config=4d grid gcn``)."""
     rows = [r for r in result["rows"] if all(str(r.get(k)) == v for k, v in where.items())]
@@ -83,8 +84,8 @@ def curate_fourd(result: Dict[str, Any], where: Dict[str, str]) -> Tuple[List[st
                     f"{100 * r['test_acc_mean']:.2f} ± {100 * r['test_acc_std']:.2f}",
                     " / ".join(f"{100 * a:.1f}" for a in r["test_acc"]),
                     reach if reach is not None else f"never ({r['reached_target']})",
-                    _r(r["MB_per_step_per_rank"], 4), _r(1000 * r["step_s"], 1), r.get("batch_size"),
-                    _r(r.get("peak_rss_MiB_rank0"), 0)])
+                    _r(r["MB_per_step_per_rank"], 4), _r(1000 * r["step_s"], 1),
+                    r.get("batch_size"), _r(r.get("peak_rss_MiB_rank0"), 0)])
     return list(FOURD_COLUMNS), out, {}
 
 
