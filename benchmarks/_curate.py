@@ -11,8 +11,8 @@ wrote to the results directory) with that topic's curator below, takes ``title``
 and ``notes`` from the options or, when the key is already in the file, from its entry, and
 ``command`` and ``measured`` from the options, the result file's metadata or the entry, in
 that order.  Only topics with a curator (:data:`CURATORS`: cluster, fourd) can be curated;
-entries of other topics were copied by hand from the runs' printed tables (their notes name the logs, which are
-in the git history under ``benchmarks/results/``).
+entries of other topics were copied by hand from the runs' printed tables (their notes name the
+logs, which are in the git history under ``benchmarks/results/``).
 """
 from __future__ import annotations
 
