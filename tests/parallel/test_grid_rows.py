@@ -151,3 +151,31 @@ def test_which_split_each_model_gets():
     holder.head = torch.nn.Linear(3, 3)              # no convolution: runs whole
     kinds = {name: kind for _, name, _, kind in splittable_children(holder)}
     assert kinds == {"gcn": "gcn", "normalizing": "rows", "sage": "rows"}
+
+
+def _bf16(rank, world_size, grid):
+    from lightning_fullgraph.parallel import pmm
+    mesh = FourDMesh.create(FourDDims.of(1, grid))
+    x, ei, w, y, mask = _batch()
+    out = {}
+    for bf16 in (False, True):
+        holder = torch.nn.Module()
+        holder.model = _model("hand-written")
+        surgery = GridSplit(holder, mesh, bf16_comm=bf16).apply()
+        params = list(holder.parameters())
+        pmm.reset_bytes()
+        logits = holder.model(x, ei, w)
+        F.cross_entropy(logits[mask], y[mask]).backward()
+        surgery.reduce_gradients(params)
+        out[bf16] = (logits.detach(), pmm.bytes_sent())
+        surgery.revert(gather=False)
+    (l32, b32), (l16, b16) = out[False], out[True]
+    return float((l16 - l32).norm() / l32.norm()), b16 / b32
+
+
+@pytest.mark.multiprocess
+def test_bf16_communication_of_a_model_split_by_rows():
+    for error, ratio in run_distributed(_bf16, 4, (2, 2, 1), timeout_s=240):
+        # Everything but the rows gathered at the end (the logits) and the input's gradient
+        # in bfloat16: measured 3e-3 relative error of the logits, 0.52x the bytes.
+        assert 0 < error <= 1e-2 and ratio <= 0.55, (error, ratio)
