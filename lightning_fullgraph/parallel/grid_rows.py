@@ -45,12 +45,10 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import pmm
-from .grid_module import GridModule
+from .grid_module import GridModule, _GatherRows
 from .mesh import FourDMesh
 from .pmm import block, copy_to, reduce_from, summed
 from .reshard import reshard
@@ -91,6 +89,11 @@ def _row_wise_classes():
 def _refuse_conv(conv: torch.nn.Module, name: str) -> None:
     GCNConv, SAGEConv, GraphConv, GINConv = _conv_classes()
     aggr = getattr(conv, "aggr", None)
+    if getattr(conv, "in_channels", None) == -1 or (
+            isinstance(getattr(conv, "in_channels", None), tuple) and -1 in conv.in_channels):
+        raise TypeError(f"'{name}' is a lazy {type(conv).__name__} (in_channels=-1): run one "
+                        "forward on one process first, or give in_channels, so that its "
+                        "weights exist to be split")
     if isinstance(conv, GCNConv) and conv.cached:
         raise TypeError(f"'{name}' is a GCNConv(cached=True): a sampled batch is another graph "
                         "at every step; build it with cached=False")
@@ -165,26 +168,6 @@ class _CutRows(torch.autograd.Function):
         full = grad.new_zeros(ctx.shape)
         full[ctx.rows] = grad
         return summed(full, ctx.group), None, None
-
-
-class _GatherRows(torch.autograd.Function):
-    r"""Every process's rows on every process; backward keeps this process's rows."""
-
-    @staticmethod
-    def forward(ctx, rows: Tensor, group, sizes: List[int], index: int) -> Tensor:
-        ctx.sizes, ctx.index = sizes, index
-        longest = max(sizes)
-        padded = rows.new_zeros((longest, ) + tuple(rows.shape[1:]))
-        padded[:rows.size(0)] = rows
-        parts = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(parts, padded.contiguous(), group=group)
-        pmm._sent[0] += (len(sizes) - 1) * padded.numel() * padded.element_size()
-        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        start = sum(ctx.sizes[:ctx.index])
-        return grad[start:start + ctx.sizes[ctx.index]].contiguous(), None, None, None
 
 
 class GridConv(GridModule):

@@ -139,6 +139,8 @@ def test_what_a_grid_cannot_split_is_refused_by_name():
     with pytest.raises(TypeError, match=r"'gin.nn.1' is a BatchNorm1d"):
         check_rows_convertible(gin, "gin")  # a convolution's nn runs on whole rows too
     check_rows_convertible(GINConv(torch.nn.Linear(4, 4)))
+    with pytest.raises(TypeError, match=r"lazy SAGEConv \(in_channels=-1\)"):
+        check_rows_convertible(SAGEConv(-1, 4))
     with pytest.raises(TypeError, match="holds no GCNConv"):
         check_rows_convertible(torch.nn.Linear(4, 4))
 
