@@ -28,7 +28,7 @@ ScaleGNN's 4-D mini-batch training the same way (:func:`setup_fourd`; the model 
 the grid in place, and not passed through ``fabric.setup`` either)::
 
     run = setup_fourd(fabric, model, "cora", batch_size=1024, grid=(2, 1, 1))
-    model = run.model  # the split model (a ScaleGNN or GCN itself is replaced)
+    model = run.model  # the split model (a model split as a whole is replaced)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     for epoch in range(100):
         for batch in run.train_batches():
@@ -167,7 +167,7 @@ class FourDRun:
 
     def __init__(self, fabric: Any, holder: torch.nn.Module, mesh: Any, surgery: Any,
                  data: Any) -> None:
-        # The model sits in a holder so that a ScaleGNN or GCN passed itself can be replaced.
+        # The model sits in a holder so that a model split as a whole can be replaced.
         self.fabric, self._holder, self.mesh, self.surgery, self.data = \
             fabric, holder, mesh, surgery, data
 
@@ -224,14 +224,16 @@ def setup_fourd(fabric: Any, model: torch.nn.Module, data: Union[Data, str], bat
                 timeout: Optional[float] = None) -> FourDRun:
     r"""Sets up ScaleGNN's 4-D training (the Fabric counterpart of
     :class:`~lightning_fullgraph.strategies.FourDStrategy`): the process groups of
-    ``dp`` replicas of an ``x * y * z`` grid, :obj:`model` with every
-    :class:`~lightning_fullgraph.parallel.ScaleGNN` and PyG GCN split over the grid (rank 0's
-    initial weights everywhere), and this replica's uniformly sampled mini-batches.
+    ``dp`` replicas of an ``x * y * z`` grid, :obj:`model` split over the grid (every
+    :class:`~lightning_fullgraph.parallel.ScaleGNN`, PyG GCN, and module of ``GCNConv``,
+    ``SAGEConv``, ``GraphConv`` or ``GINConv`` layers, as
+    :class:`~lightning_fullgraph.FourDStrategy` splits them; rank 0's initial weights
+    everywhere), and this replica's uniformly sampled mini-batches.
 
     Args:
         fabric (lightning.fabric.Fabric): A launched Fabric.
         model (torch.nn.Module): The model (moved to Fabric's device); train
-            :attr:`FourDRun.model`, which is its split when it is a ScaleGNN or GCN itself.
+            :attr:`FourDRun.model`, which is its split when the model itself is split.
         data (Data or str): The graph or a dataset name.
         batch_size (int): Vertices sampled per step.
         dp (int, optional): Data-parallel replicas (default: world size / grid size).

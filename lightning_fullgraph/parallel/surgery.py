@@ -142,8 +142,9 @@ class GridSplit:
     r"""The 4-D surgery of one module.
 
     Args:
-        module (torch.nn.Module): The model (e.g. a LightningModule holding a ScaleGNN or a
-            PyG GCN); modified in place by :meth:`apply`, restored by :meth:`revert`.
+        module (torch.nn.Module): The model (e.g. a LightningModule holding a ScaleGNN, a PyG
+            GCN or GraphSAGE); modified in place by :meth:`apply`, restored by
+            :meth:`revert`.
         mesh (FourDMesh): This rank's groups.
         seed (int): Seed of the split layers' dropout masks.
         bf16_comm (bool): bfloat16 partial sums on the wire (lossy).
@@ -163,7 +164,9 @@ class GridSplit:
 
     def apply(self, device: Any = None) -> "GridSplit":
         r"""Broadcasts rank 0's weights, then (on a grid larger than one process) replaces
-        every splittable model by its split; refuses, by name, parameters left outside."""
+        every splittable model by its split (:func:`splittable_children`); refuses, by name,
+        what cannot be split, parameters outside a ScaleGNN or Grid3DGCN split, and a module
+        with nothing to split."""
         if self.applied:
             return self
         broadcast_parameters(self.module)
