@@ -148,6 +148,7 @@ def _dropout_resume(world_size, tmp, kind, dp, grid, data, dm):
     ("scalegnn", 2, (1, 2, 1), True),    # both, resumed from a checkpoint after one epoch
     ("pyg_gcn", 1, (2, 1, 1), False),    # PyG's GCN model split over the grid
     ("gcn", 1, (2, 1, 1), True),         # the LightningModule's own GCNConv layers, by rows
+    ("gcn", 2, (2, 1, 1), False),        # ... and two replicas of them
 ])
 def test_fourd_equals_single_process(tmp_path, kind, dp, grid, resume):
     world = dp * grid[0] * grid[1] * grid[2]
