@@ -28,7 +28,7 @@ from torch import Tensor
 from .grid_module import GridModule
 from .mesh import FourDMesh
 from .pmm import all_reduce_sum, layer_axes, reduce_from, summed
-from .reshard import reshard
+from .reshard import reshard_start
 from .scalegnn import ScaleGNN
 
 __all__ = ["Grid3DScaleGNN"]
@@ -96,26 +96,28 @@ class Grid3DScaleGNN(GridModule):
         feats = reduce_from(own @ self.w_in, group("z"), self.bf16_comm)  # (x, y)
         for layer in range(1, self.num_layers + 1):
             r, c, t = layer_axes(layer)
+            # The residual's reshard travels while the layer computes (ScaleGNN §IV-C).
+            residual = self._reshard_start(feats, n, (r, c), (t, r))
             xc = self.gcn_product(feats, getattr(self, f"w{layer}"), layer, edge_index,
                                   edge_weight, n)  # (t, r)
             squares = all_reduce_sum(xc.pow(2).sum(-1, keepdim=True), group(r))
             xn = xc * torch.rsqrt(squares / h + self.eps) * getattr(self, f"gamma{layer}")
             out = self.dropout_mask(F.relu(xn), self.dropout, layer, t, r)
-            feats = out + self._reshard(feats, n, (r, c), (t, r))
+            feats = out + residual()
         r, _, t = layer_axes(self.num_layers)  # the features are in (T_L, R_L) now
         logits = reduce_from(feats @ self.w_out, group(r)) + self.b_out
         if self.training:
             self.step += 1
         return self.gather_rows(logits, n, t) if self.gather_output else logits
 
-    def _reshard(self, x: Tensor, n: int, src, dst) -> Tensor:
+    def _reshard_start(self, x: Tensor, n: int, src, dst):
         dims = self.mesh.dims
         members = [dims.coordinates(r) for r in dims.group_ranks("x", "y", "z")[
             self.mesh.coordinate("dp")]]
         me = members.index(dims.coordinates(self.mesh.rank))
         sizes = {a: self.mesh.size(a) for a in ("x", "y", "z")}
-        return reshard(x, self.mesh.group("grid"), members, me, sizes, src, dst, n,
-                       self.hidden, self.bf16_comm)
+        return reshard_start(x, self.mesh.group("grid"), members, me, sizes, src, dst, n,
+                             self.hidden, self.bf16_comm)
 
     # -- loss ----------------------------------------------------------------------------------
     def loss(self, logits: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> Tensor:

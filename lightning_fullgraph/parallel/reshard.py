@@ -10,7 +10,7 @@ transpose: the destination replicas at their third-axis coordinate 0 send every 
 source block (all its replicas: they must all get the complete gradient) the overlapping part
 of the gradient.
 """
-from typing import Dict, List, Tuple, Union
+from typing import Callable, Dict, List, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from torch import Tensor
 from . import pmm
 from .pmm import block
 
-__all__ = ["Layout", "reshard"]
+__all__ = ["Layout", "reshard", "reshard_start"]
 
 #: ``(row axes, column axes)`` of a block layout over the grid axes ``x``, ``y``, ``z``: each
 #: one axis, or a tuple of axes whose coordinates index the blocks in mixed radix (``()``: not
@@ -68,14 +68,11 @@ def _local(piece: Tuple[slice, slice], within: Tuple[slice, slice]) -> Tuple[sli
             slice(piece[1].start - within[1].start, piece[1].stop - within[1].start))
 
 
-def _exchange(x: Tensor, group, members: List[Dict[str, int]], me: int,
-              sizes: Dict[str, int], src: Layout, dst: Layout, n: int, h: int,
-              bf16: bool = False) -> Tensor:
-    r"""The replicas of every :obj:`src` block at coordinate 0 of its third axis send each
-    process the overlap with its :obj:`dst` block; returns this process's :obj:`dst` block
-    (covered exactly once: the senders' blocks tile the matrix).  :obj:`bf16`: the pieces
-    travel as bfloat16 (as bytes; the piece a process keeps is rounded too, as its replicas
-    receive it)."""
+def _start(x: Tensor, group, members: List[Dict[str, int]], me: int, sizes: Dict[str, int],
+           src: Layout, dst: Layout, n: int, h: int, bf16: bool = False,
+           async_op: bool = False) -> Callable[[], Tensor]:
+    r"""Sends the pieces of :obj:`x` (see :func:`_exchange`); returns the function that
+    waits for the received pieces and assembles this process's :obj:`dst` block."""
     owner = _replicated(src)
     mine_src = _blk(members[me], sizes, src, n, h)
     mine_dst = _blk(members[me], sizes, dst, n, h)
@@ -92,25 +89,42 @@ def _exchange(x: Tensor, group, members: List[Dict[str, int]], me: int,
         recv_pieces.append(incoming)
         recv_counts.append(_size(incoming))
     send = torch.cat(sends)
-    if bf16 and x.is_floating_point():
+    wide = 2 if bf16 and x.is_floating_point() else 1  # bytes per value on a bf16 wire
+    if wide == 2:
         wire = send.to(torch.bfloat16).view(torch.uint8)
         received = wire.new_empty(2 * sum(recv_counts))
-        dist.all_to_all_single(received, wire, output_split_sizes=[2 * c for c in recv_counts],
-                               input_split_sizes=[2 * c for c in send_counts], group=group)
-        recv = received.view(torch.bfloat16).to(x.dtype)
         pmm._sent[0] += (sum(send_counts) - send_counts[me]) * 2
     else:
-        recv = x.new_empty(sum(recv_counts))
+        wire, received = send.contiguous(), x.new_empty(sum(recv_counts))
         pmm._sent[0] += (sum(send_counts) - send_counts[me]) * x.element_size()
-        dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
-                               input_split_sizes=send_counts, group=group)
-    out = x.new_empty((mine_dst[0].stop - mine_dst[0].start,
-                       mine_dst[1].stop - mine_dst[1].start))
-    for piece, part in zip(recv_pieces, torch.split(recv, recv_counts)):
-        if part.numel():
-            rows, cols = _local(piece, mine_dst)
-            out[rows, cols] = part.view(rows.stop - rows.start, cols.stop - cols.start)
-    return out
+    work = dist.all_to_all_single(received, wire,
+                                  output_split_sizes=[wide * c for c in recv_counts],
+                                  input_split_sizes=[wide * c for c in send_counts],
+                                  group=group, async_op=async_op)
+    shape = (mine_dst[0].stop - mine_dst[0].start, mine_dst[1].stop - mine_dst[1].start)
+
+    def finish() -> Tensor:
+        if work is not None and async_op:
+            work.wait()
+        recv = received.view(torch.bfloat16).to(x.dtype) if wide == 2 else received
+        out = x.new_empty(shape)
+        for piece, part in zip(recv_pieces, torch.split(recv, recv_counts)):
+            if part.numel():
+                rows, cols = _local(piece, mine_dst)
+                out[rows, cols] = part.view(rows.stop - rows.start, cols.stop - cols.start)
+        return out
+    return finish
+
+
+def _exchange(x: Tensor, group, members: List[Dict[str, int]], me: int,
+              sizes: Dict[str, int], src: Layout, dst: Layout, n: int, h: int,
+              bf16: bool = False) -> Tensor:
+    r"""The replicas of every :obj:`src` block at coordinate 0 of its third axis send each
+    process the overlap with its :obj:`dst` block; returns this process's :obj:`dst` block
+    (covered exactly once: the senders' blocks tile the matrix).  :obj:`bf16`: the pieces
+    travel as bfloat16 (as bytes; the piece a process keeps is rounded too, as its replicas
+    receive it)."""
+    return _start(x, group, members, me, sizes, src, dst, n, h, bf16)()
 
 
 class _Reshard(torch.autograd.Function):
@@ -126,6 +140,38 @@ class _Reshard(torch.autograd.Function):
         # (all its replicas) the overlapping part of the gradient.
         out = _exchange(grad.contiguous(), group, members, me, sizes, dst, src, n, h, bf16)
         return (out, ) + (None, ) * 9
+
+
+class _ReshardFinish(torch.autograd.Function):
+    r"""The block a :func:`reshard_start` moved, once it has arrived (forward); the gradient
+    goes back synchronously, as :class:`_Reshard`'s does."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, finish, group, members, me, sizes, src, dst, n, h,
+                bf16) -> Tensor:
+        ctx.args = (group, members, me, sizes, src, dst, n, h, bf16)
+        return finish()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        group, members, me, sizes, src, dst, n, h, bf16 = ctx.args
+        out = _exchange(grad.contiguous(), group, members, me, sizes, dst, src, n, h, bf16)
+        return (out, ) + (None, ) * 10
+
+
+def reshard_start(x: Tensor, group, members: List[Dict[str, int]], me: int,
+                  sizes: Dict[str, int], src: Layout, dst: Layout, n: int, h: int,
+                  bf16: bool = False) -> Callable[[], Tensor]:
+    r""":func:`reshard` in two halves, so that the exchange runs while the caller computes
+    (ScaleGNN §IV-C: the residual's reshard overlaps the layer's products): starts sending
+    :obj:`x`'s pieces and returns the function that waits for this process's block and
+    returns it (differentiable; its backward is synchronous).  Every process of the group
+    must start its reshards in the same order."""
+    if len(members) == 1:
+        return lambda: x.clone()
+    finish = _start(x.detach(), group, members, me, sizes, src, dst, n, h, bf16, async_op=True)
+    return lambda: _ReshardFinish.apply(x, finish, group, members, me, sizes, src, dst, n, h,
+                                        bf16)
 
 
 def reshard(x: Tensor, group, members: List[Dict[str, int]], me: int, sizes: Dict[str, int],
