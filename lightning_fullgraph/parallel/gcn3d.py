@@ -132,7 +132,7 @@ class Grid3DGCN(GridModule):
     def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor] = None,
                 **kwargs) -> Tensor:
         n = x.size(0)
-        self.new_batch(x, edge_index)
+        self.new_batch(edge_index, n)
         feats = x[self._cols(n, "x"), self._cols(self.in_channels, "y")]  # layer 1's (R, C)
         for layer in range(1, self.num_layers + 1):
             r, c, t = layer_axes(layer)

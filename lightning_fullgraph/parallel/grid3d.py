@@ -28,7 +28,6 @@ from torch import Tensor
 from .grid_module import GridModule
 from .mesh import FourDMesh
 from .pmm import all_reduce_sum, layer_axes, reduce_from, summed
-from .reshard import reshard_start
 from .scalegnn import ScaleGNN
 
 __all__ = ["Grid3DScaleGNN"]
@@ -90,14 +89,14 @@ class Grid3DScaleGNN(GridModule):
     def forward(self, x: Tensor, edge_index: Tensor,
                 edge_weight: Optional[Tensor] = None) -> Tensor:
         n, h = x.size(0), self.hidden
-        self.new_batch(x, edge_index)
+        self.new_batch(edge_index, n)
         group = self.mesh.group
         own = x[self._cols(n, "x"), self._cols(self.in_channels, "z")]
         feats = reduce_from(own @ self.w_in, group("z"), self.bf16_comm)  # (x, y)
         for layer in range(1, self.num_layers + 1):
             r, c, t = layer_axes(layer)
             # The residual's reshard travels while the layer computes (ScaleGNN §IV-C).
-            residual = self._reshard_start(feats, n, (r, c), (t, r))
+            residual = self.reshard(feats, n, h, (r, c), (t, r), overlapped=True)
             xc = self.gcn_product(feats, getattr(self, f"w{layer}"), layer, edge_index,
                                   edge_weight, n)  # (t, r)
             squares = all_reduce_sum(xc.pow(2).sum(-1, keepdim=True), group(r))
@@ -109,15 +108,6 @@ class Grid3DScaleGNN(GridModule):
         if self.training:
             self.step += 1
         return self.gather_rows(logits, n, t) if self.gather_output else logits
-
-    def _reshard_start(self, x: Tensor, n: int, src, dst):
-        dims = self.mesh.dims
-        members = [dims.coordinates(r) for r in dims.group_ranks("x", "y", "z")[
-            self.mesh.coordinate("dp")]]
-        me = members.index(dims.coordinates(self.mesh.rank))
-        sizes = {a: self.mesh.size(a) for a in ("x", "y", "z")}
-        return reshard_start(x, self.mesh.group("grid"), members, me, sizes, src, dst, n,
-                             self.hidden, self.bf16_comm)
 
     # -- loss ----------------------------------------------------------------------------------
     def loss(self, logits: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> Tensor:

@@ -18,6 +18,7 @@ from torch import Tensor
 from . import pmm
 from .mesh import FourDMesh
 from .pmm import block, copy_to, layer_axes, reduce_from, summed
+from .reshard import reshard, reshard_start
 from .sampling import sample_seed
 from .scalegnn import aggregate_sum
 
@@ -189,12 +190,15 @@ class GridModule(torch.nn.Module):
                 offset += n
 
     # -- the pieces of a forward --------------------------------------------------------------
-    def new_batch(self, x: Tensor, edge_index: Tensor) -> None:
-        r"""Forgets the adjacency blocks when :obj:`edge_index` is another mini-batch's."""
-        key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), x.size(0))
-        if key != self._batch_key:
-            self._adjacency.clear()
-            self._batch_key = key
+    def new_batch(self, edge_index: Tensor, n: int) -> bool:
+        r"""Forgets the adjacency blocks when :obj:`edge_index` (of :obj:`n` vertices) is
+        another mini-batch's; returns whether it was."""
+        key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), n)
+        if key == self._batch_key:
+            return False
+        self._adjacency.clear()
+        self._batch_key = key
+        return True
 
     def _adjacency_block(self, edge_index: Tensor, edge_weight: Optional[Tensor], n: int,
                          dst_axis: str, src_axis: str) -> Tuple[Tensor, Optional[Tensor], int]:
@@ -215,11 +219,34 @@ class GridModule(torch.nn.Module):
         r""":math:`Ã X W` of layer :obj:`layer`: :obj:`feats` in layout ``(R, C)``, the result in
         ``(T, R)`` (replicated along ``C``)."""
         group, bf16 = self.mesh.group, self.bf16_comm
-        r, c, t = layer_axes(layer)
+        r, c, _ = layer_axes(layer)
+        # R's processes use the sum for other output columns: its gradient is summed over R.
+        agg = copy_to(self.aggregate(feats, layer, edge_index, edge_weight, n), group(r), bf16)
+        return reduce_from(agg @ weight, group(c), bf16)  # (t, r)
+
+    def aggregate(self, feats: Tensor, layer: int, edge_index: Tensor,
+                  edge_weight: Optional[Tensor], n: int) -> Tensor:
+        r""":math:`Ã X` of layer :obj:`layer`: :obj:`feats` in layout ``(R, C)``, the sum in
+        ``(T, C)`` (replicated along ``R``; its gradient passes through to each partial)."""
+        group, bf16 = self.mesh.group, self.bf16_comm
+        r, _, t = layer_axes(layer)
         adj, values, n_dst = self._adjacency_block(edge_index, edge_weight, n, t, r)
         agg = aggregate_sum(copy_to(feats, group(t), bf16), adj, values, n_dst)
-        agg = copy_to(reduce_from(agg, group(r), bf16), group(r), bf16)  # (t, c)
-        return reduce_from(agg @ weight, group(c), bf16)  # (t, r)
+        return reduce_from(agg, group(r), bf16)  # (t, c)
+
+    def reshard(self, x: Tensor, n: int, width: int, src, dst, overlapped: bool = False):
+        r"""This process's block of the :obj:`dst` layout of the ``n x width`` matrix whose
+        :obj:`src` block :obj:`x` it holds (:func:`~.reshard.reshard`); with
+        :obj:`overlapped`, the function that waits for it (:func:`~.reshard.reshard_start`:
+        the exchange travels while the caller computes)."""
+        dims = self.mesh.dims
+        members = [dims.coordinates(r) for r in dims.group_ranks("x", "y", "z")[
+            self.mesh.coordinate("dp")]]
+        me = members.index(dims.coordinates(self.mesh.rank))
+        sizes = {a: self.mesh.size(a) for a in ("x", "y", "z")}
+        move = reshard_start if overlapped else reshard
+        return move(x, self.mesh.group("grid"), members, me, sizes, src, dst, n, width,
+                    self.bf16_comm)
 
     def dropout_mask(self, x: Tensor, p: float, layer: int, t: str, r: str) -> Tensor:
         r"""Dropout of a block in layout ``(t, r)``: its replicas draw the same mask."""

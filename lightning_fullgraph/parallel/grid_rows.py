@@ -50,17 +50,17 @@ from torch import Tensor
 
 from .grid_module import GridModule, _GatherRows
 from .mesh import FourDMesh
-from .pmm import block, copy_to, reduce_from, summed
-from .reshard import reshard
-from .scalegnn import aggregate_sum
+from .pmm import block, copy_to, layer_axes, reduce_from, summed
 
 __all__ = ["GridRowsModel", "GridConv", "check_rows_convertible", "ROWS"]
 
 #: The layout between the layers: rows over the whole grid (the grid group's rank order),
 #: features whole.
 ROWS = (("x", "y", "z"), ())
-# One parallel product per layer, always on the same axes (the layouts return to ROWS).
-_R, _C, _T = "x", "y", "z"
+# One parallel product per layer, always on the same axes (the layouts return to ROWS):
+# those of the first layer of a rotating split.
+_LAYER = 1
+_R, _C, _T = layer_axes(_LAYER)
 
 
 def _join(*parts: str) -> str:
@@ -195,6 +195,7 @@ class GridConv(GridModule):
                      GINConv: "gin"}[type(conv)]
         self.conv_repr = repr(conv)
         self.n = 0  # the batch's rows, set by GridRowsModel before each forward
+        self._matrix_cache: Optional[tuple] = None
         if self.kind == "gin":
             self.in_channels = self.out_channels = None
             self.aggr = "add"
@@ -251,18 +252,6 @@ class GridConv(GridModule):
             weight = scale if weight is None else weight * scale
         return edge_index, weight
 
-    def _rows_to(self, x: Tensor, layout, width: int) -> Tensor:
-        return self._reshard_to(x, self.n, width, ROWS, layout)
-
-    def _reshard_to(self, x: Tensor, n: int, width: int, src, dst) -> Tensor:
-        dims = self.mesh.dims
-        members = [dims.coordinates(r) for r in dims.group_ranks("x", "y", "z")[
-            self.mesh.coordinate("dp")]]
-        me = members.index(dims.coordinates(self.mesh.rank))
-        sizes = {a: self.mesh.size(a) for a in ("x", "y", "z")}
-        return reshard(x, self.mesh.group("grid"), members, me, sizes, src, dst, n, width,
-                       self.bf16_comm)
-
     def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor] = None,
                 *args, **kwargs) -> Tensor:
         if args or kwargs:
@@ -270,45 +259,35 @@ class GridConv(GridModule):
                             "(x, edge_index[, edge_weight]); got more arguments")
         n, group, bf16 = self.n, self.mesh.group, self.bf16_comm
         width = x.size(1)
-        self.new_batch_of(edge_index, n)
-        adj_index, adj_weight = self._cached_matrix(edge_index, edge_weight, n, x.dtype)
-        feats = self._rows_to(x, (_R, _C), width)  # (x, y)
-        adj, values, n_dst = self._adjacency_block(adj_index, adj_weight, n, _T, _R)
-        agg = aggregate_sum(copy_to(feats, group(_T), bf16), adj, values, n_dst)
-        agg = reduce_from(agg, group(_R), bf16)  # (z, y)
+        adj_index, adj_weight = self._batch_matrix(edge_index, edge_weight, n, x.dtype)
+        feats = self.reshard(x, n, width, ROWS, (_R, _C))  # (x, y)
+        agg = self.aggregate(feats, _LAYER, adj_index, adj_weight, n)  # (z, y)
         if self.kind == "gin":
             # Every replica along R moves the same sum back to rows (the reshard's backward
             # hands each the whole gradient): no copy_to, whose backward would add them up.
-            h = self._reshard_to(agg, n, width, (_T, _C), ROWS)
+            h = self.reshard(agg, n, width, (_T, _C), ROWS)
             return self.nn(h + (1 + self.eps) * x)
         agg = copy_to(agg, group(_R), bf16)  # R's processes use it for other columns
         out = agg @ self.w
         if getattr(self, "root", False):
-            out = out + copy_to(self._rows_to(x, (_T, _C), width), group(_R), bf16) @ self.w_root
+            root = self.reshard(x, n, width, ROWS, (_T, _C))
+            out = out + copy_to(root, group(_R), bf16) @ self.w_root
         out = reduce_from(out, group(_C), bf16)  # (z, x)
         if self.has_bias:
             out = out + self.b
-        out = self._reshard_to(out, n, self.out_channels, (_T, _R), ROWS)
+        out = self.reshard(out, n, self.out_channels, (_T, _R), ROWS)
         if self.kind == "sage" and self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
 
-    def new_batch_of(self, edge_index: Tensor, n: int) -> None:
-        key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), n)
-        if key != self._batch_key:
+    def _batch_matrix(self, edge_index: Tensor, edge_weight: Optional[Tensor], n: int,
+                      dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
+        # Once per batch (the adjacency blocks are then cut from it once too).
+        if self.new_batch(edge_index, n) or self._matrix_cache is None \
+                or self._matrix_cache[0] is not edge_weight:
+            self._matrix_cache = (edge_weight, self._matrix(edge_index, edge_weight, n, dtype))
             self._adjacency.clear()
-            self._matrix_cache = None
-            self._batch_key = key
-
-    def _cached_matrix(self, edge_index: Tensor, edge_weight: Optional[Tensor], n: int,
-                       dtype: torch.dtype):
-        # Once per batch: the adjacency blocks are cut from it once too (_adjacency_block).
-        cached = getattr(self, "_matrix_cache", None)
-        if cached is None or cached[0] is not edge_weight:
-            cached = (edge_weight, self._matrix(edge_index, edge_weight, n, dtype))
-            self._matrix_cache = cached
-            self._adjacency.clear()
-        return cached[1]
+        return self._matrix_cache[1]
 
     def extra_repr(self) -> str:
         return f"{self.conv_repr}, grid={tuple(self.mesh.size(a) for a in 'xyz')}"
