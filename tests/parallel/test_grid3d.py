@@ -13,16 +13,13 @@ from lightning_fullgraph.parallel.pmm import block, layer_axes
 from lightning_fullgraph.parallel.scalegnn import ScaleGNN
 from lightning_fullgraph.testing import run_distributed
 
+from .graphs import random_graph
+
 N, B, D_IN, HIDDEN, CLASSES, LAYERS = 40, 24, 6, 8, 3, 3
 
 
 def _data():
-    g = torch.Generator().manual_seed(0)
-    ei = torch.randint(0, N, (2, 160), generator=g)
-    ei = ei[:, ei[0] != ei[1]]
-    ei = torch.cat([ei, ei.flip(0)], dim=1)
-    x = torch.randn(N, D_IN, generator=g)
-    y = torch.randint(0, CLASSES, (N, ), generator=g)
+    ei, x, y, g = random_graph(N, 160, D_IN, CLASSES)
     mask = torch.rand(N, generator=g) < 0.7
     return ei, x, y, mask
 

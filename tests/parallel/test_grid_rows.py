@@ -16,6 +16,8 @@ from lightning_fullgraph.parallel.mesh import FourDMesh
 from lightning_fullgraph.parallel.surgery import GridSplit, splittable_children
 from lightning_fullgraph.testing import run_distributed
 
+from .graphs import random_graph
+
 N, B, D_IN, HIDDEN, CLASSES, STEPS = 60, 36, 6, 12, 3, 10
 
 
@@ -58,12 +60,7 @@ def _model(kind):
 
 
 def _batch():
-    g = torch.Generator().manual_seed(0)
-    ei = torch.randint(0, N, (2, 240), generator=g)
-    ei = ei[:, ei[0] != ei[1]]
-    ei = torch.cat([ei, ei.flip(0)], dim=1)
-    x = torch.randn(N, D_IN, generator=g)
-    y = torch.randint(0, CLASSES, (N, ), generator=g)
+    ei, x, y, g = random_graph(N, 240, D_IN, CLASSES)
     b = UniformVertexSampler(ei, N, B, seed=3).sample(step=0, replica=0)
     mask = torch.rand(B, generator=g) < 0.7
     return x[b.nodes], b.edge_index, b.edge_weight, y[b.nodes], mask
