@@ -76,6 +76,7 @@ class GridModule(torch.nn.Module):
         self._blocks: Dict[str, _Block] = {}
         self._adjacency: Dict[tuple, Tuple[Tensor, Optional[Tensor]]] = {}
         self._batch_key: Optional[tuple] = None
+        self._grid_members: Optional[tuple] = None  # reshard's view of the grid group
         # Training forwards so far: seeds the dropout masks.  Checkpoint state (with the
         # random states: surgery.grid_steps), not a parameter of the single-process model.
         self.step = 0
@@ -239,11 +240,13 @@ class GridModule(torch.nn.Module):
         :obj:`src` block :obj:`x` it holds (:func:`~.reshard.reshard`); with
         :obj:`overlapped`, the function that waits for it (:func:`~.reshard.reshard_start`:
         the exchange travels while the caller computes)."""
-        dims = self.mesh.dims
-        members = [dims.coordinates(r) for r in dims.group_ranks("x", "y", "z")[
-            self.mesh.coordinate("dp")]]
-        me = members.index(dims.coordinates(self.mesh.rank))
-        sizes = {a: self.mesh.size(a) for a in ("x", "y", "z")}
+        if self._grid_members is None:  # the mesh does not change: once
+            dims = self.mesh.dims
+            members = [dims.coordinates(r) for r in dims.group_ranks("x", "y", "z")[
+                self.mesh.coordinate("dp")]]
+            self._grid_members = (members, members.index(dims.coordinates(self.mesh.rank)),
+                                  {a: self.mesh.size(a) for a in ("x", "y", "z")})
+        members, me, sizes = self._grid_members
         move = reshard_start if overlapped else reshard
         return move(x, self.mesh.group("grid"), members, me, sizes, src, dst, n, width,
                     self.bf16_comm)
