@@ -25,6 +25,9 @@ Every configuration is one ``lightning-fullgraph train --json`` run (runs are st
                          dp 2 x (2,1,1), (2,2,1) and (4,1,1)
 ``4d grid sage``         PyG's GraphSAGE split over a (2,2,1) grid (whole rows between
                          its layers)
+``4d single gcn``        the 4d recipe on **one** process (the memory reference for 4d)
+``4d ... shards``        every process holds only its grid position's shards
+                         (``--shards``, cut beforehand by ``partition --grid``)
 =======================  ===============================================================
 
 A 4d epoch is ``ceil(N / B)`` steps of ``B`` sampled vertices (default half the
@@ -38,6 +41,7 @@ an epoch (median over epochs).  "to target" is the training time (validation exc
 the validation accuracy first reaches the target (``--target``, default 95 % of full-graph
 GCN's mean best validation accuracy; validated every ``--val-every`` epochs), median over the
 seeds that reached it.  "RSS" is rank 0's peak, also as a share of the single process's;
+"max RSS" the largest peak of any process, also as a share of ``4d single gcn``'s;
 "sampling hidden" is the share of the time spent drawing 4d batches that prefetching
 overlapped with training.
 """
@@ -74,8 +78,28 @@ CONFIGS = {
     "4d 4x1x1 gcn bf16": ("gcn", ("--strategy", "4d", "--grid", "4,1,1", "--bf16-comm"), None),
     # PyG's GraphSAGE itself on a grid (whole rows between its layers: GridRowsModel).
     "4d grid sage": ("sage", ("--strategy", "4d", "--grid", "2,2,1"), None),
+    # Memory: the 4d recipe on one process (the whole graph), and on a grid where every
+    # process holds only its shards (--shards; cut beforehand by `partition --grid`, so
+    # that no training process ever loads the whole graph).
+    "4d single gcn": ("gcn", ("--strategy", "4d", "--grid", "1,1,1"), 1),
+    "4d grid gcn shards": ("gcn", ("--strategy", "4d", "--grid", "2,2,1", "--shards"), None),
+    "4d 4x1x1 gcn shards": ("gcn", ("--strategy", "4d", "--grid", "4,1,1", "--shards"), None),
+    "4d grid scalegnn shards": ("scalegnn", ("--strategy", "4d", "--grid", "2,2,1", "--layers",
+                                             "3", "--shards"), None),
 }
-REFERENCE, SINGLE = "fullgraph gcn", "pyg single gcn"
+REFERENCE, SINGLE, SINGLE_4D = "fullgraph gcn", "pyg single gcn", "4d single gcn"
+
+
+def _cut_shards(dataset: str, flags) -> None:
+    r"""Writes the shards a ``--shards`` run reads (once; a no-op when they exist), in a
+    process of its own: the training processes then never hold the whole graph."""
+    import subprocess
+    grid = flags[list(flags).index("--grid") + 1]
+    cmd = [sys.executable, "-m", "lightning_fullgraph.cli", "partition", "--dataset", dataset,
+           "--grid", grid]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
 
 
 def plot(rows, path: str, target: float = None) -> None:
@@ -145,6 +169,8 @@ def main(argv=None) -> None:
         flags = flags + ("--val-every", str(args.val_every))
         if "neighbor" in flags:
             flags = flags + ("--batch-size", str(args.neighbor_batch))
+        if "--shards" in flags:
+            _cut_shards(args.dataset, flags)
         done_by[name] = [train(runs, processes or args.devices, args.dataset, model, name, flags,
                                seed, args.epochs, args.hidden) for seed in args.seeds]
         print(f"[fourd] {name}: {statistics.mean(r['test_acc'] for r in done_by[name]):.4f}",
@@ -155,6 +181,8 @@ def main(argv=None) -> None:
         target = 0.95 * statistics.mean(best)
     single_rss = statistics.mean(r["peak_rss_MiB"] for r in done_by[SINGLE]) \
         if SINGLE in done_by else None
+    single_4d = statistics.mean(r["peak_rss_MiB"] for r in done_by[SINGLE_4D]) \
+        if SINGLE_4D in done_by else None
     rows = []
     for name in args.configs:
         model, flags, _ = CONFIGS[name]
@@ -181,6 +209,11 @@ def main(argv=None) -> None:
             "batch_size": done[0].get("batch_size"),
             "peak_rss_MiB_rank0": rss,
             "rss_vs_single": rss / single_rss if single_rss else None,
+            "peak_rss_MiB_max_rank": statistics.mean(r.get("peak_rss_MiB_max_rank") or rss
+                                                     for r in done),
+            "max_rank_rss_vs_4d_single": statistics.mean(
+                r.get("peak_rss_MiB_max_rank") or rss for r in done) / single_4d
+            if single_4d else None,
             "sampling_hidden_frac": done[0].get("sampling_hidden_frac"),
         })
     result = {"target_val_acc": target, "rows": rows}
@@ -194,9 +227,10 @@ def main(argv=None) -> None:
     print(f"target validation accuracy: {100 * target:.2f} %")
     print(f"{'config':18} {'P':>2} {'test acc (%)':>14} {'to target s':>12} {'MB/step/rank':>12} "
           f"{'MB/ep/rank':>10} {'train ms/ep':>11} {'batch':>6} {'RSS MiB':>8} {'×single':>7} "
-          f"{'sampling hidden':>15}")
+          f"{'max RSS':>8} {'×4d single':>10} {'sampling hidden':>15}")
     for r in rows:
         hidden, t, share = r["sampling_hidden_frac"], r["time_to_target_s"], r["rss_vs_single"]
+        share_4d = r["max_rank_rss_vs_4d_single"]
         got, total = r["reached_target"].split("/")
         reach = "never" if t is None else f"{t:.2f}"
         reach += "" if got == total else f" ({got}/{total})"
@@ -205,6 +239,8 @@ def main(argv=None) -> None:
               f"{r['MB_per_step_per_rank']:12.4f} {r['MB_per_epoch_per_rank']:10.4f} "
               f"{1000 * r['step_s']:11.1f} {r['batch_size'] or '':>6} "
               f"{r['peak_rss_MiB_rank0']:8.0f} {'' if share is None else f'{share:.2f}':>7} "
+              f"{r['peak_rss_MiB_max_rank']:8.0f} "
+              f"{'' if share_4d is None else f'{share_4d:.2f}':>10} "
               f"{'' if hidden is None else f'{100 * hidden:.0f} %':>15}")
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ _LAZY = {
     "FullGraphStrategy": "lightning_fullgraph.strategies",
     "FourDStrategy": "lightning_fullgraph.strategies",
     "SampledNodeDataModule": "lightning_fullgraph.data.sampled",
+    "ShardedNodeDataModule": "lightning_fullgraph.data.sampled",
     "FullGraphDataModule": "lightning_fullgraph.data.datamodule",
     "CommunicationMonitor": "lightning_fullgraph.callbacks",
     "FullGraphEngine": "lightning_fullgraph.engine",

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "cut = the cut edges")
     p.add_argument("--level-percentiles", type=_percentiles, default=None, metavar="A,B,C",
                    help=_LEVELS_HELP)
+    p.add_argument("--grid", type=_grid, default=None, metavar="X,Y,Z",
+                   help="instead of METIS parts: cut the graph into the shards of a 4d grid "
+                        "of X*Y*Z processes (train --strategy 4d --shards reads them; "
+                        "--parts, --seed, --objective, --hosts do not apply)")
     p.add_argument("--force", action="store_true", help="re-partition even if cached")
     p.add_argument("--json", action="store_true", help="print statistics as JSON")
     p.add_argument("--normalize-features", default="auto", choices=["auto", "yes", "no"],
@@ -134,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "bfloat16 (lossy, about half the bytes)")
     g4.add_argument("--steps-per-epoch", type=int, default=None,
                     help="4d: steps per epoch (default: nodes / batch size, rounded up)")
+    g4.add_argument("--shards", action="store_true",
+                    help="4d: every process holds only its grid position's part of the graph "
+                         "and features (ScaleGNN Alg. 2), cut once into --cache-dir; the "
+                         "batches are stratified over the grid's vertex ranges")
     gm = t.add_argument_group("model and optimization")
     gm.add_argument("--epochs", type=int, default=200)
     gm.add_argument("--val-every", type=int, default=None, metavar="N",
@@ -291,8 +299,10 @@ def _train_option_scope(args) -> List[Tuple[str, str]]:
         (fullgraph, "--strategy fullgraph",
          ("aggregation", "codec", "cache", "pipeline", "overlap", "step_aside",
           "sampling",
-          "kernels", "huge_pages", "cache_dir", "link")),
-        (fourd, "--strategy 4d", ("dp", "grid", "bf16_comm", "steps_per_epoch")),
+          "kernels", "huge_pages", "link")),
+        (fourd, "--strategy 4d", ("dp", "grid", "bf16_comm", "steps_per_epoch", "shards")),
+        (fullgraph or (fourd and args.shards), "--strategy fullgraph or --strategy 4d --shards",
+         ("cache_dir", )),
         (not pyg, "--strategy fullgraph or 4d", ("timeout", "startup_timeout")),
         (fourd or neighbor, "--strategy 4d or --strategy pyg --loader neighbor",
          ("batch_size", )),
@@ -464,6 +474,15 @@ def _plan(args) -> int:
 def _partition(args) -> int:
     from .partition import export_partition, partition_graph, read_manifest
     data = _load(args)
+    if args.grid is not None:
+        from .parallel.shards import read_meta, write_shards
+        parts = args.grid[0] * args.grid[1] * args.grid[2]
+        path = write_shards(data, _shards_root(args), parts)
+        meta = read_meta(_shards_root(args), parts)
+        print(json.dumps({"directory": str(path), **meta}) if args.json else
+              f"4d shards for {parts} processes per grid: {path} ({meta['num_nodes']} nodes, "
+              f"{meta['num_edges']} normalized edges in {parts * parts} tiles)")
+        return 0
     path = partition_graph(data, args.parts, root=args.cache_dir, seed=args.seed,
                            force=args.force, hosts=args.hosts, objective=args.objective,
                            level_percentiles=args.level_percentiles)  # progress: stderr
@@ -518,14 +537,24 @@ def _train(args) -> int:
     if args.strategy == "4d":
         from .data.sampled import SampledNodeDataModule
         from .strategies import FourDStrategy
-        data = _load(args)
         # Half the graph: a uniform sample of B vertices keeps (B / N)^2 of the edges, and a
         # quarter (1/16 of the edges) trained GCN 3-5 pp below NeighborLoader GraphSAGE on
         # Cora where half is above it (python -m benchmarks fourd; docs/fourd.md).
-        batch_size = args.batch_size or max(2, int(data.num_nodes) // 2)
-        datamodule = SampledNodeDataModule(data, batch_size, args.steps_per_epoch,
-                                           seed=args.seed)
-        num_features, num_classes = data.num_features, _num_classes(args, data)
+        if args.shards:
+            # No process loads the graph once its shards exist: local rank 0 writes them
+            # (prepare_data) the first time, every process then reads its own.
+            from .data.sampled import ShardedNodeDataModule
+            datamodule = ShardedNodeDataModule(_shards_root(args), data=lambda: _load(args),
+                                               batch_size=args.batch_size,
+                                               steps_per_epoch=args.steps_per_epoch,
+                                               seed=args.seed)
+            num_features, num_classes = None, args.num_classes  # sized in configure_model
+        else:
+            data = _load(args)
+            batch_size = args.batch_size or max(2, int(data.num_nodes) // 2)
+            datamodule = SampledNodeDataModule(data, batch_size, args.steps_per_epoch,
+                                               seed=args.seed)
+            num_features, num_classes = data.num_features, _num_classes(args, data)
         strategy = FourDStrategy(dp=args.dp, grid=args.grid, seed=args.seed,
                                  bf16_comm=args.bf16_comm, timeout=_timeouts(args))
         devices, callbacks = args.devices, [CommunicationMonitor()]
@@ -615,7 +644,7 @@ def _train(args) -> int:
     val_acc = float(trainer.callback_metrics.get("val_acc", float("nan")))
     test = trainer.test(module, datamodule=datamodule, verbose=False)
     nodes = datamodule.partition.num_nodes if args.strategy == "fullgraph" \
-        else int(datamodule.data.num_nodes)
+        else datamodule.num_nodes if args.strategy == "4d" else int(datamodule.data.num_nodes)
     fourd = args.strategy == "4d"
     summary = {
         "dataset": args.dataset, "nodes": nodes, "model": args.model, "strategy": args.strategy,
@@ -638,7 +667,7 @@ def _train(args) -> int:
         "num_neighbors": _num_neighbors(args) if args.loader == "neighbor" else None,
         "dp": strategy.dims.dp if fourd else None,
         "grid": list(strategy.grid) if fourd else None,
-        "batch_size": datamodule.sampler.batch_size if fourd
+        "batch_size": datamodule.batch_size if fourd
         else _neighbor_batch(args) if args.loader == "neighbor" else None,
         "train_steps_per_epoch": trainer.num_training_batches,
         "bf16_comm": bool(args.bf16_comm) if fourd else None,
@@ -646,8 +675,11 @@ def _train(args) -> int:
         else None,
         "sampling_hidden_frac": (1.0 - datamodule.wait_seconds / datamodule.sample_seconds)
         if fourd and datamodule.sample_seconds > 0 else None,
-        # This process's peak resident memory (rank 0's, the one that prints).
+        # This process's peak resident memory (rank 0's, the one that prints), and the
+        # largest of every process's.
         "peak_rss_MiB": _peak_rss_mib(),
+        "peak_rss_MiB_max_rank": _peak_rss_max_rank(trainer),
+        "shards": bool(args.shards) if fourd else None,
         "test_acc": float(test[0]["test_acc"]), "val_acc": val_acc,
         # [epoch, seconds of training so far, validation accuracy] at every validation.
         "val_trace": [[p["epoch"], round(p["train_s"], 4), p["val_acc"]]
@@ -730,6 +762,31 @@ def _num_classes(args, data) -> int:
     from .data.validation import check_label_range
     check_label_range([(torch.arange(int(data.num_nodes)), data.y)], args.num_classes)
     return args.num_classes
+
+
+def _shards_root(args) -> str:
+    r"""Where ``--shards`` cuts ``--dataset``: one directory per data set (and feature
+    normalization) under ``--cache-dir``'s root."""
+    import re
+    from pathlib import Path
+
+    from .partition.store import default_cache_root
+    root = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_root()
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{args.dataset}-norm_{args.normalize_features}")
+    return str(root / "4d-shards" / name)
+
+
+def _peak_rss_max_rank(trainer) -> Optional[float]:
+    r"""The largest peak resident memory of all processes (every rank calls it)."""
+    import torch
+    import torch.distributed as dist
+    rss = _peak_rss_mib()
+    if rss is None or trainer.world_size == 1 or not (dist.is_available()
+                                                      and dist.is_initialized()):
+        return rss
+    value = torch.tensor([rss], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value)
 
 
 def _peak_rss_mib() -> Optional[float]:

@@ -76,6 +76,8 @@ class Grid3DGCN(GridModule):
         - **output:** logits :math:`(B, F_{out})` on every process.
     """
 
+    input_layout = ("x", "y")  # layer 1's (R, C)
+
     def __init__(self, model: torch.nn.Module, mesh: FourDMesh, seed: int = 0,
                  bf16_comm: bool = False) -> None:
         check_convertible(model)
@@ -131,9 +133,8 @@ class Grid3DGCN(GridModule):
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor] = None,
                 **kwargs) -> Tensor:
-        n = x.size(0)
+        n, feats = self.input_block(x, self.in_channels)  # layer 1's (R, C)
         self.new_batch(edge_index, n)
-        feats = x[self._cols(n, "x"), self._cols(self.in_channels, "y")]  # layer 1's (R, C)
         for layer in range(1, self.num_layers + 1):
             r, c, t = layer_axes(layer)
             out = self.gcn_product(feats, getattr(self, f"w{layer}"), layer, edge_index,

@@ -61,6 +61,8 @@ class Grid3DScaleGNN(GridModule):
           :obj:`gather_output`.
     """
 
+    input_layout = ("x", "z")  # the input projection's IN[x, z]
+
     def __init__(self, model: ScaleGNN, mesh: FourDMesh, seed: int = 0,
                  gather_output: bool = False, bf16_comm: bool = False) -> None:
         super().__init__(mesh, seed, bf16_comm)
@@ -88,10 +90,10 @@ class Grid3DScaleGNN(GridModule):
 
     def forward(self, x: Tensor, edge_index: Tensor,
                 edge_weight: Optional[Tensor] = None) -> Tensor:
-        n, h = x.size(0), self.hidden
+        h = self.hidden
+        n, own = self.input_block(x, self.in_channels)
         self.new_batch(edge_index, n)
         group = self.mesh.group
-        own = x[self._cols(n, "x"), self._cols(self.in_channels, "z")]
         feats = reduce_from(own @ self.w_in, group("z"), self.bf16_comm)  # (x, y)
         for layer in range(1, self.num_layers + 1):
             r, c, t = layer_axes(layer)

@@ -77,6 +77,9 @@ class GridModule(torch.nn.Module):
         self._adjacency: Dict[tuple, Tuple[Tensor, Optional[Tensor]]] = {}
         self._batch_key: Optional[tuple] = None
         self._grid_members: Optional[tuple] = None  # reshard's view of the grid group
+        # (batch rows, shape) of an input that is this process's block, not the batch's rows
+        # (sharded data: bind_input).
+        self._input_block: Optional[Tuple[int, tuple]] = None
         # Training forwards so far: seeds the dropout masks.  Checkpoint state (with the
         # random states: surgery.grid_steps), not a parameter of the single-process model.
         self.step = 0
@@ -189,6 +192,35 @@ class GridModule(torch.nn.Module):
                 n = p.grad.numel()
                 p.grad.copy_(every[offset:offset + n].view_as(p.grad))
                 offset += n
+
+    # -- what a process needs of the graph (sharded data) ------------------------------------
+    #: The axes splitting the rows and columns of the input (``None``: whole rows/columns).
+    input_layout: Tuple[Optional[str], Optional[str]] = (None, None)
+
+    def shard_layout(self) -> Tuple[Tuple[Optional[str], Optional[str]], frozenset]:
+        r"""``(input layout, adjacency blocks)``: the axes splitting the input's rows and
+        columns, and the ``(destination axis, source axis)`` of every adjacency block the
+        layers multiply (:class:`~.shards.ShardPlan`)."""
+        pairs = frozenset((layer_axes(layer)[2], layer_axes(layer)[0])
+                          for layer in range(1, getattr(self, "num_layers", 1) + 1))
+        return self.input_layout, pairs
+
+    def bind_input(self, num_nodes: int, shape: Sequence[int]) -> None:
+        r"""The next inputs of shape :obj:`shape` are this process's block of the input
+        layout of a batch of :obj:`num_nodes` rows (sharded data:
+        :class:`~lightning_fullgraph.data.sampled.ShardedNodeDataModule`), not whole rows."""
+        self._input_block = (int(num_nodes), tuple(shape))
+
+    def input_block(self, x: Tensor, width: int) -> Tuple[int, Tensor]:
+        r"""``(batch rows, this process's block of x)``: :obj:`x` itself when it is the bound
+        block (:meth:`bind_input`), else cut from the whole rows of :obj:`x` (:obj:`width`
+        columns) along :attr:`input_layout`."""
+        bound = self._input_block
+        if bound is not None and tuple(x.shape) == bound[1]:
+            return bound[0], x
+        n = x.size(0)
+        rows, cols = self.input_layout
+        return n, x[self._cols(n, rows), self._cols(width, cols)]
 
     # -- the pieces of a forward --------------------------------------------------------------
     def new_batch(self, edge_index: Tensor, n: int) -> bool:

@@ -332,6 +332,10 @@ class GridRowsModel(GridModule):
         self._block_names = {_join("model", path, name) for path, conv in self._convs.items()
                              for name in conv._blocks}
 
+    def shard_layout(self):
+        # Whole rows in; every convolution multiplies the layer-1 block (T, R).
+        return (None, None), frozenset({(_T, _R)})
+
     def _rows(self, n: int) -> Tuple[slice, List[int], int]:
         # The grid group's rank order: x slowest, z fastest (FourDDims' strides).
         sizes_xyz = [self.mesh.size(a) for a in ("x", "y", "z")]

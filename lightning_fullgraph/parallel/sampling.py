@@ -26,7 +26,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["SampledSubgraph", "UniformVertexSampler", "sample_seed"]
+__all__ = ["SampledSubgraph", "UniformVertexSampler", "sample_seed", "stratified_nodes",
+           "strata_bounds", "strata_inclusion"]
 
 _MASK = (1 << 63) - 1
 
@@ -41,6 +42,38 @@ def sample_seed(seed: int, replica: int, step: int) -> int:
         h = (h * 0x100000001b3) & _MASK
         h ^= h >> 29
     return h
+
+
+def strata_bounds(n: int, parts: int) -> Tensor:
+    r"""The :obj:`parts` + 1 boundaries of the contiguous, balanced strata of ``range(n)``
+    (stratum :math:`j` is :func:`~.pmm.block` ``(n, parts, j)``)."""
+    return torch.arange(parts + 1, dtype=torch.long) * n // parts
+
+
+def stratified_nodes(num_nodes: int, batch_size: int, strata: int, seed: int, replica: int,
+                     step: int) -> Tensor:
+    r"""The sorted sample of :obj:`step` for :obj:`replica`: with one stratum, :obj:`batch_size`
+    of the :obj:`num_nodes` vertices uniformly without replacement; with :math:`L` strata,
+    ``block(batch_size, L, j)``'s size of them from each stratum ``block(num_nodes, L, j)``
+    (see :class:`UniformVertexSampler`)."""
+    g = torch.Generator().manual_seed(sample_seed(seed, replica, step))
+    if strata == 1:
+        return torch.randperm(num_nodes, generator=g)[:batch_size].sort().values
+    n, b = strata_bounds(num_nodes, strata), strata_bounds(batch_size, strata)
+    return torch.cat([torch.randperm(int(n[j + 1] - n[j]), generator=g)[:int(b[j + 1] - b[j])]
+                      .sort().values + n[j] for j in range(strata)])
+
+
+def strata_inclusion(num_nodes: int, batch_size: int, strata: int,
+                     dtype: torch.dtype = torch.float32) -> Tensor:
+    r""":math:`q_{jk}`: the probability that a vertex :math:`u` of stratum :math:`k` is in a
+    sample that holds a vertex :math:`v \ne u` of stratum :math:`j` (:math:`[L, L]`;
+    ``(b_k - 1) / (n_k - 1)`` on the diagonal, ``b_k / n_k`` off it)."""
+    n = strata_bounds(num_nodes, strata).diff().double()
+    b = strata_bounds(batch_size, strata).diff().double()
+    same = torch.eye(strata, dtype=torch.double)
+    q = (b[None, :] - same) / (n[None, :] - same).clamp_min(1.0)
+    return q.clamp_min(torch.finfo(torch.double).tiny).to(dtype)
 
 
 @dataclass
@@ -70,6 +103,18 @@ class SampledSubgraph:
         return int(self.nodes.numel())
 
 
+def check_strata(num_nodes: int, batch_size: int, strata: int) -> None:
+    r"""Raises a :class:`ValueError` unless every one of :obj:`strata` vertex ranges can give
+    its share of the batch."""
+    if strata < 1:
+        raise ValueError(f"strata must be at least 1, got {strata}")
+    n, b = strata_bounds(num_nodes, strata).diff(), strata_bounds(batch_size, strata).diff()
+    if bool((b > n).any()) or strata > num_nodes:
+        raise ValueError(f"{strata} strata of {num_nodes} vertices cannot give a batch of "
+                         f"{batch_size} (each gives its share): use fewer processes per grid "
+                         "or a smaller batch")
+
+
 class UniformVertexSampler:
     r"""Draws :class:`SampledSubgraph` mini-batches without communication.
 
@@ -82,6 +127,14 @@ class UniformVertexSampler:
         normalize (bool): Use ``gcn_norm`` weights with self-loops (ScaleGNN's
             :math:`D^{-1/2}(A + I)D^{-1/2}`); otherwise :obj:`edge_weight` (or ones) as given.
         dtype (torch.dtype): Weight dtype.
+        strata (int): Draw the sample stratum by stratum: ``block(B, L, j)``'s size of
+            vertices from each of :math:`L` contiguous vertex ranges ``block(N, L, j)``, so
+            that the rows of a grid block of the batch are exactly the sampled vertices of one
+            range of the graph (what lets every process of a grid hold only its ranges:
+            :mod:`~lightning_fullgraph.parallel.shards`).  An off-diagonal weight from stratum
+            :math:`k` into :math:`j` is divided by :math:`q_{jk}`
+            (:func:`strata_inclusion`) instead of :math:`p`: still unbiased.  Default 1 (plain
+            uniform sampling).
 
     Example::
 
@@ -92,8 +145,8 @@ class UniformVertexSampler:
 
     def __init__(self, edge_index: Tensor, num_nodes: int, batch_size: int, seed: int = 0,
                  edge_weight: Optional[Tensor] = None, normalize: bool = True,
-                 dtype: torch.dtype = torch.float32) -> None:
-        num_nodes, batch_size = int(num_nodes), int(batch_size)
+                 dtype: torch.dtype = torch.float32, strata: int = 1) -> None:
+        num_nodes, batch_size, strata = int(num_nodes), int(batch_size), int(strata)
         if num_nodes < 2:
             raise ValueError(f"uniform vertex sampling needs at least 2 nodes, got {num_nodes}")
         if not 2 <= batch_size <= num_nodes:
@@ -101,8 +154,11 @@ class UniformVertexSampler:
                              f"got {batch_size}")
         if edge_index.dim() != 2 or edge_index.size(0) != 2:
             raise ValueError(f"edge_index must be [2, E], got {tuple(edge_index.shape)}")
+        check_strata(num_nodes, batch_size, strata)
         self.num_nodes, self.batch_size, self.seed = num_nodes, batch_size, int(seed)
+        self.strata = strata
         self.p = (batch_size - 1) / (num_nodes - 1)
+        self.q = strata_inclusion(num_nodes, batch_size, strata, dtype)
         edge_index = edge_index.long().cpu()
         if normalize:
             from torch_geometric.nn.conv.gcn_conv import gcn_norm
@@ -127,8 +183,8 @@ class UniformVertexSampler:
 
     def nodes(self, step: int, replica: int = 0) -> Tensor:
         r"""The sorted sample of :obj:`step` for data-parallel :obj:`replica`."""
-        g = torch.Generator().manual_seed(sample_seed(self.seed, replica, step))
-        return torch.randperm(self.num_nodes, generator=g)[:self.batch_size].sort().values
+        return stratified_nodes(self.num_nodes, self.batch_size, self.strata, self.seed,
+                                replica, step)
 
     def sample(self, step: int, replica: int = 0) -> SampledSubgraph:
         r"""The rescaled vertex-induced subgraph of :obj:`step` for :obj:`replica`."""
@@ -144,6 +200,12 @@ class UniformVertexSampler:
         keep = nodes[at] == src_global
         src, dst, pos = at[keep], dst[keep], pos[keep]
         weight = self.weight[pos]
-        weight[src != dst] /= self.p
+        off = src != dst
+        if self.strata == 1:
+            weight[off] /= self.p
+        else:
+            bounds = strata_bounds(self.batch_size, self.strata)
+            of = lambda i: torch.searchsorted(bounds, i, right=True) - 1  # noqa: E731
+            weight[off] /= self.q[of(dst[off]), of(src[off])]
         return SampledSubgraph(nodes, torch.stack([src, dst]), weight, self.p, int(step),
                                int(replica))

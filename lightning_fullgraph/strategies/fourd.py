@@ -14,6 +14,7 @@ from torch_geometric.data.data import BaseData
 from .._at_exit import close_process_group_at_exit
 from ..parallel.dims import FourDDims
 from ..parallel.mesh import FourDMesh
+from ..parallel.shards import INPUT_BLOCK, ShardPlan, plan_for
 from ..parallel.surgery import GridSplit
 from .faults import (BoundedRunMixin, TimeoutConfig, refuse_grouped_arguments,
                      refuse_unknown_arguments)
@@ -26,7 +27,9 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
     own, with every :class:`~lightning_fullgraph.parallel.ScaleGNN` of the model split over an
     ``x * y * z`` grid of processes (:class:`~lightning_fullgraph.parallel.Grid3DScaleGNN`).
 
-    Use it with :class:`~lightning_fullgraph.data.sampled.SampledNodeDataModule`::
+    Use it with :class:`~lightning_fullgraph.data.sampled.SampledNodeDataModule` (every
+    process holds the graph) or :class:`~lightning_fullgraph.data.sampled.ShardedNodeDataModule`
+    (each holds only its grid position's shards)::
 
         trainer = Trainer(strategy=FourDStrategy(dp=2, grid=(2, 1, 1)), devices=4)
         trainer.fit(module, datamodule=SampledNodeDataModule(data, batch_size=1024))
@@ -163,7 +166,23 @@ class FourDStrategy(BoundedRunMixin, DDPStrategy):
         if isinstance(batch, BaseData):  # precision plugins convert collections, not Data
             convert = self.precision_plugin.convert_input
             batch = batch.apply(lambda t: convert(t) if t.is_floating_point() else t)
+            if getattr(batch, INPUT_BLOCK, False):
+                # Sharded data: x is this process's input block of the batch.
+                for *_, split in self._split:
+                    split.bind_input(batch.num_nodes, batch.x.shape)
         return batch
+
+    def shard_plan(self) -> ShardPlan:
+        r"""What this process needs of the graph (:class:`~lightning_fullgraph.data.sampled.
+        ShardedNodeDataModule` loads it): the input block and adjacency blocks of the split
+        models (after setup), everything on a grid of one process."""
+        if self.mesh is None:
+            raise RuntimeError("FourDStrategy.shard_plan() is known once the strategy is set "
+                               "up (the data module asks for its first loader)")
+        axes = ("x", "y", "z")
+        return plan_for({a: self.mesh.size(a) for a in axes},
+                        {a: self.mesh.coordinate(a) for a in axes},
+                        [split for *_, split in self._split])
 
     # -- steps: every rank passes here at the same point, where signals are agreed on -------
     def training_step(self, *args: Any, **kwargs: Any) -> Any:

@@ -52,12 +52,12 @@ def _module(kind, in_channels, classes, dropout=0.0):
     return Classifier()
 
 
-def _reference(kind, data, dp, epochs):
+def _reference(kind, data, dp, epochs, strata=1):
     from lightning_fullgraph.data.sampled import SampledNodeDataModule
     torch.manual_seed(0)
     module = _module(kind, data.num_features, 4).double()
     opt = module.configure_optimizers()
-    dm = SampledNodeDataModule(data, BATCH, steps_per_epoch=STEPS, seed=5)
+    dm = SampledNodeDataModule(data, BATCH, steps_per_epoch=STEPS, seed=5, strata=strata)
     for step in range(epochs * STEPS):
         opt.zero_grad()
         grads = None
@@ -86,13 +86,17 @@ def _trainer(tmp, world, dp, grid, epochs, **kwargs):
                       default_root_dir=tmp, **kwargs)
 
 
-def _fit(rank, world_size, tmp, kind, dp, grid, resume):
-    from lightning_fullgraph.data.sampled import SampledNodeDataModule
+def _fit(rank, world_size, tmp, kind, dp, grid, resume, sharded=False):
+    from lightning_fullgraph.data.sampled import SampledNodeDataModule, ShardedNodeDataModule
     data = skewed_graph()
     torch.manual_seed(0)
     module = _module(kind, data.num_features, 4)
+    strata = grid[0] * grid[1] * grid[2] if sharded else 1
 
     def dm():
+        if sharded:  # each process loads only its tiles (written by local rank 0)
+            return ShardedNodeDataModule(os.path.join(tmp, "shards"), data, BATCH,
+                                         steps_per_epoch=STEPS, seed=5)
         return SampledNodeDataModule(data, BATCH, steps_per_epoch=STEPS, seed=5)
 
     if resume:
@@ -111,7 +115,7 @@ def _fit(rank, world_size, tmp, kind, dp, grid, resume):
                                                         ckpt_path=ckpt)
     else:
         _trainer(tmp, world_size, dp, grid, EPOCHS).fit(module, datamodule=dm())
-    ref = _reference(kind, data, dp, EPOCHS)
+    ref = _reference(kind, data, dp, EPOCHS, strata)
     got, want = module.state_dict(), ref.state_dict()
     assert set(got) == set(want), (sorted(got), sorted(want))
     error = max(float((got[k].double() - v).abs().max() / v.abs().max().clamp_min(1e-12))
@@ -154,6 +158,22 @@ def test_fourd_equals_single_process(tmp_path, kind, dp, grid, resume):
     world = dp * grid[0] * grid[1] * grid[2]
     for error, dropout in run_distributed(_fit, world, str(tmp_path), kind, dp, grid, resume,
                                           timeout_s=300):
+        assert error <= 1e-10
+        if resume:
+            assert dropout["diff"] == 0.0 and dropout["moved"] > 0, dropout
+
+
+@pytest.mark.parametrize("kind, dp, grid, resume", [
+    ("pyg_gcn", 1, (2, 2, 1), False),    # its input block and two adjacency blocks
+    ("scalegnn", 2, (1, 2, 1), True),    # replicas, resumed from a checkpoint
+    ("gcn", 1, (2, 1, 1), False),        # whole rows in (a GridRowsModel), adjacency cut
+])
+def test_fourd_on_shards_equals_single_process(tmp_path, kind, dp, grid, resume):
+    # ShardedNodeDataModule: every process holds only its tiles; the trajectory is one
+    # process's on the same (stratified) batches.
+    world = dp * grid[0] * grid[1] * grid[2]
+    for error, dropout in run_distributed(_fit, world, str(tmp_path), kind, dp, grid, resume,
+                                          True, timeout_s=300):
         assert error <= 1e-10
         if resume:
             assert dropout["diff"] == 0.0 and dropout["moved"] > 0, dropout
