@@ -10,7 +10,7 @@ figures, from result files.
 wrote to the results directory) with that topic's curator below, takes ``title``, ``setup``
 and ``notes`` from the options or, when the key is already in the file, from its entry, and
 ``command`` and ``measured`` from the options, the result file's metadata or the entry, in
-that order.  Only topics with a curator (:data:`CURATORS`: cluster, fourd) can be curated;
+that order.  Only topics with a curator (:data:`CURATORS`: cluster, fourd, fourd-memory) can be curated;
 entries of other topics were copied by hand from the runs' printed tables (their notes name the
 logs, which are in the git history under ``benchmarks/results/``).
 """
@@ -89,10 +89,29 @@ def curate_fourd(result: Dict[str, Any],
     return list(FOURD_COLUMNS), out, {}
 
 
+FOURD_MEMORY_COLUMNS = ["configuration", "processes", "test acc (%)", "train ms/epoch",
+                        "largest peak RSS of a process (MiB)", "× one process",
+                        "rank-0 peak RSS (MiB)"]
+
+
+def curate_fourd_memory(result: Dict[str, Any],
+                        where: Dict[str, str]) -> Tuple[List[str], List[list], dict]:
+    """Memory rows of ``python -m benchmarks fourd``'s JSON: every process's largest peak RSS,
+    as a share of ``4d single gcn``'s (one process, the whole graph)."""
+    rows = [r for r in result["rows"] if all(str(r.get(k)) == v for k, v in where.items())]
+    if not rows:
+        raise SystemExit(f"no fourd rows match {where}")
+    out = [[r["config"], r["processes"], _r(100 * r["test_acc_mean"], 2), _r(1000 * r["step_s"], 1),
+            _r(r.get("peak_rss_MiB_max_rank"), 0), _r(r.get("max_rank_rss_vs_4d_single"), 2),
+            _r(r.get("peak_rss_MiB_rank0"), 0)] for r in rows]
+    return list(FOURD_MEMORY_COLUMNS), out, {}
+
+
 #: topic -> curator(result, where) -> (columns, rows, meta with optional "command"/"measured").
 CURATORS: Dict[str, Callable[[Dict[str, Any], Dict[str, str]], Tuple[List[str], List[list], dict]]] = {
     "cluster": curate_cluster,
     "fourd": curate_fourd,
+    "fourd-memory": curate_fourd_memory,
 }
 
 

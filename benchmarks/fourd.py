@@ -82,8 +82,12 @@ CONFIGS = {
     # process holds only its shards (--shards; cut beforehand by `partition --grid`, so
     # that no training process ever loads the whole graph).
     "4d single gcn": ("gcn", ("--strategy", "4d", "--grid", "1,1,1"), 1),
+    "4d 2x1x1 gcn shards": ("gcn", ("--strategy", "4d", "--grid", "2,1,1", "--shards"), 2),
     "4d grid gcn shards": ("gcn", ("--strategy", "4d", "--grid", "2,2,1", "--shards"), None),
+    "4d dp2 x grid gcn shards": ("gcn", ("--strategy", "4d", "--dp", "2", "--grid", "2,1,1",
+                                         "--shards"), None),
     "4d 4x1x1 gcn shards": ("gcn", ("--strategy", "4d", "--grid", "4,1,1", "--shards"), None),
+    "4d 2x2x2 gcn shards": ("gcn", ("--strategy", "4d", "--grid", "2,2,2", "--shards"), 8),
     "4d grid scalegnn shards": ("scalegnn", ("--strategy", "4d", "--grid", "2,2,1", "--layers",
                                              "3", "--shards"), None),
 }

@@ -304,8 +304,8 @@ class GraphShard:
 
 def plan_for(sizes: Dict[str, int], coords: Dict[str, int], splits: Sequence) -> ShardPlan:
     r"""The :class:`ShardPlan` of a process whose model is split by :obj:`splits`
-    (:class:`~.grid_module.GridModule`\ s, each naming its input layout and adjacency
-    blocks: :meth:`~.grid_module.GridModule.shard_layout`); without splits, everything."""
+    (split models, each naming its input layout and adjacency blocks:
+    :meth:`~.grid_module.GridModule.shard_layout`); without splits, everything."""
     if not splits or sizes["x"] * sizes["y"] * sizes["z"] == 1:
         return ShardPlan(dict(sizes), dict(coords))
     layouts = [split.shard_layout() for split in splits]
