@@ -212,6 +212,31 @@ def test_train_4d_json(tmp_path):
     assert summary["peak_rss_MiB"] > 0
 
 
+@pytest.mark.multiprocess
+def test_train_4d_on_shards(tmp_path, capsys):
+    # `partition --grid` cuts the shards once; `train --shards` has every process read its own
+    # tiles (no process loads the graph).
+    cache = tmp_path / "cache"
+    assert main(["partition", "--dataset", "cora", "--grid", "2,1,1", "--cache-dir",
+                 str(cache), "--json"]) == 0
+    meta = json.loads(capsys.readouterr().out)
+    assert meta["parts"] == 2 and meta["num_nodes"] == 2708
+    assert len(list((cache / "4d-shards").rglob("adj-*.pt"))) == 4
+    proc = _cli(tmp_path, "train", "--strategy", "4d", "--devices", "2", "--grid", "2,1,1",
+                "--shards", "--cache-dir", str(cache), "--epochs", "30", "--hidden", "32",
+                "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout)
+    assert summary["shards"] is True and summary["grid"] == [2, 1, 1]
+    assert summary["nodes"] == 2708 and summary["batch_size"] == 2708 // 2
+    assert summary["test_acc"] > 0.5
+    assert summary["peak_rss_MiB_max_rank"] >= summary["peak_rss_MiB"] > 0
+    with pytest.raises(SystemExit):
+        main(["train", "--strategy", "4d", "--cache-dir", str(cache)])
+    assert "--cache-dir applies only with --strategy fullgraph or --strategy 4d --shards" in \
+        capsys.readouterr().err
+
+
 def test_scalegnn_needs_the_4d_strategy(capsys):
     assert main(["train", "--devices", "1", "--model", "scalegnn"]) == 2
     assert "--strategy 4d" in capsys.readouterr().err
