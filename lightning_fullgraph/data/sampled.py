@@ -200,6 +200,7 @@ class ShardedNodeDataModule(_SampledBatches):
         self._meta: Optional[dict] = None
         self.shard = None  # this process's GraphShard, loaded with the first loader
         self.plan = None  # what it holds (set by hand outside a FourDStrategy)
+        self._plan_from_strategy = False
 
     @property
     def parts(self) -> int:
@@ -248,19 +249,26 @@ class ShardedNodeDataModule(_SampledBatches):
         return self._batch_size or max(2, self.num_nodes // 2)
 
     def _load(self):
-        if self.shard is None:
-            from ..parallel.shards import GraphShard, ShardPlan
-            plan = self.plan
-            if plan is None:
-                strategy = self._strategy()
-                plan = strategy.shard_plan() if hasattr(strategy, "shard_plan") else \
-                    ShardPlan({"x": 1, "y": 1, "z": 1}, {"x": 0, "y": 0, "z": 0})
-            self.plan = plan
+        from ..parallel.shards import GraphShard, ShardPlan
+        plan = self.plan
+        if plan is None or self._plan_from_strategy:
+            # Asked again at every loader: another fit may split the model otherwise.
+            strategy = self._strategy()
+            plan = strategy.shard_plan() if hasattr(strategy, "shard_plan") else \
+                ShardPlan({"x": 1, "y": 1, "z": 1}, {"x": 0, "y": 0, "z": 0})
+            self._plan_from_strategy = True
+        if self.shard is None or self.shard.plan != plan:
+            self.plan, self.shard = plan, None  # the old tiles go before the new ones load
             self.shard = GraphShard(self.root, plan)
         return self.shard
 
+    def train_dataloader(self) -> DataLoader:
+        self._load()  # here, on the main thread, before the first batch is drawn
+        return super().train_dataloader()
+
     def draw(self, step: int, replica: int) -> Data:
-        return self._load().sample(step, replica, self.batch_size, self.seed)
+        shard = self.shard if self.shard is not None else self._load()
+        return shard.sample(step, replica, self.batch_size, self.seed)
 
     def full_batch(self) -> Data:
         return self._load().full()

@@ -232,7 +232,7 @@ class GraphShard:
         nodes = stratified_nodes(self.num_nodes, batch_size, self.parts, seed, replica, step)
         where = strata_bounds(batch_size, self.parts)
         q = strata_inclusion(self.num_nodes, batch_size, self.parts,
-                             next(iter(self.tiles.values()))[2].dtype)
+                             getattr(torch, self.meta["dtype"]))
         sources, targets, weights = [], [], []
         for (j, k), (rowptr, col, weight) in self.tiles.items():
             b0, b1, c0, c1 = int(where[j]), int(where[j + 1]), int(where[k]), int(where[k + 1])

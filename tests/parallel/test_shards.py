@@ -191,3 +191,20 @@ def test_split_model_on_shards_equals_one_process(tmp_path, grid, kind):
     for errors in run_distributed(_split_on_shards, 4, str(tmp_path), grid, kind,
                                   timeout_s=240):
         assert max(errors.values()) <= 1e-5, errors
+
+
+def test_the_data_module_writes_missing_shards_only_from_data_it_was_given(tmp_path):
+    from lightning_fullgraph.data.sampled import ShardedNodeDataModule
+    empty = ShardedNodeDataModule(tmp_path / "none")
+    with pytest.raises(FileNotFoundError, match="pass data="):
+        empty.prepare_data()
+    with pytest.raises(FileNotFoundError, match="prepare_data writes them"):
+        empty.num_nodes
+    module = ShardedNodeDataModule(tmp_path / "shards", data=_data, seed=2)
+    module.prepare_data()  # outside a Trainer: one process, one range
+    assert (module.num_nodes, module.num_features, module.batch_size) == (N, F, N // 2)
+    batch = module.full_batch()
+    assert torch.equal(batch.x, _data().x) and not batch.grid_input_block
+    first = [module.draw(s, 0) for s in range(2)]
+    sampler = UniformVertexSampler(_data().edge_index, N, N // 2, seed=2)
+    assert all(torch.equal(b.n_id, sampler.nodes(s)) for s, b in enumerate(first))
