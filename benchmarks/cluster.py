@@ -78,8 +78,18 @@ CONFIGS: Dict[str, List[str]] = {
     "cache-int2c-pipeline": ["--aggregation", "post", "--codec", "int2-compact", "--cache",
                              "adaptive", "--pipeline", "async"],
     "sampling-int2": ["--aggregation", "post", "--boundary-sampling", "0.1", "--codec", "int2"],
+    # What else a user could run on the same machines (time to accuracy against exact post):
+    # FourDStrategy's default recipe (sampled half-graph batches) on a grid, with replicas or
+    # on shards, and PyG's NeighborLoader GraphSAGE (fan-out 25, 10) with DDP.
+    "4d-grid": ["--strategy", "4d", "--grid", "2,2,1"],
+    "4d-dp2-grid": ["--strategy", "4d", "--dp", "2", "--grid", "2,1,1"],
+    "4d-grid-shards": ["--strategy", "4d", "--grid", "2,2,1", "--shards"],
+    "neighbor-sage": ["--strategy", "pyg", "--loader", "neighbor", "--batch-size", "32",
+                      "--model", "sage"],
 }
-MATRIX = dict(models=["gcn", "sage"], configs=list(CONFIGS), rates=["1gbit"], nodes=[4],
+MATRIX = dict(models=["gcn", "sage"], configs=[n for n, a in CONFIGS.items()
+                                               if "--strategy" not in a],
+              rates=["1gbit"], nodes=[4],
               dataset="synthetic:nodes=200000,degree=10", hidden=256, epochs=8, seeds=[0])
 QUICK = dict(models=["gcn"], configs=["post", "hybrid"], rates=["1gbit"], nodes=[2],
              dataset="cora", hidden=16, epochs=5, seeds=[0])
@@ -103,7 +113,14 @@ def config_args(name: str) -> List[str]:
     if base not in CONFIGS or any(extra not in SUFFIXES for extra in extras):
         raise ValueError(f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}, "
                          f"optionally with {', '.join('+' + s for s in SUFFIXES)}")
-    return BASE + CONFIGS[base] + [arg for extra in extras for arg in SUFFIXES[extra]]
+    base_args = [] if _other_strategy(base) else BASE  # BASE: full-graph options
+    return base_args + CONFIGS[base] + [arg for extra in extras for arg in SUFFIXES[extra]]
+
+
+def _other_strategy(name: str) -> Optional[str]:
+    r"""The ``--strategy`` of a configuration other than full-graph training, or ``None``."""
+    args = CONFIGS[name.split("+")[0]]
+    return args[args.index("--strategy") + 1] if "--strategy" in args else None
 
 
 def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Namespace,
@@ -113,14 +130,22 @@ def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Na
             model, "--hidden", str(opts.hidden), "--layers", str(opts.layers), "--dropout", "0",
             "--epochs",
             str(opts.epochs), "--val-every", "1", "--seed", str(seed), "--num-nodes",
-            str(cluster.nodes), "--devices", "1", "--json", "--timeout", "600",
-            "--cache-dir", str(opts.cache_dir), *config_args(config)]
-    if opts.predict:  # the planner's exchange and codec seconds per step, on the shaped link
+            str(cluster.nodes), "--devices", "1", "--json", *config_args(config)]
+    strategy = _other_strategy(config)
+    if strategy != "pyg":
+        args += ["--timeout", "600"]
+    if strategy is None or "--shards" in args:
+        args += ["--cache-dir", str(opts.cache_dir)]
+    if opts.predict and strategy is None:
+        # The planner's exchange and codec seconds per step, on the shaped link.
         args += ["--link", "calibrate"]
     # A rank runs as many threads as its emulated machine has cores (a dilated cluster), or
     # its share of this machine's.
     threads = cluster.node_cores or max(1, (os.cpu_count() or 1) // cluster.nodes)
-    env = dict(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))  # the checkout's package first
+    # The checkout's package first (then the caller's path: e.g. torch-sparse for
+    # NeighborLoader, installed aside).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = dict(PYTHONPATH=path, OMP_NUM_THREADS=str(threads))
     start = time.perf_counter()
     procs = cluster.torchrun(args, env=env, port=port, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
