@@ -157,10 +157,12 @@ def write_shards(data: Data, root: Union[str, Path], parts: int,
             "format": FORMAT, "parts": parts, "num_nodes": n, "num_edges": int(src.numel()),
             "num_features": int(data.x.size(1)), "num_classes": num_classes,
             "keys": sorted(nodes), "dtype": str(dtype).replace("torch.", "")}))
-        if out.exists():  # written meanwhile by another process: keep theirs
-            shutil.rmtree(tmp)
-        else:
+        try:
             os.replace(tmp, out)
+        except OSError:
+            if read_meta(root, parts) is None:
+                raise
+            shutil.rmtree(tmp)  # written meanwhile by another process (node): keep theirs
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
