@@ -8,9 +8,10 @@ normalized edges (``gcn_norm`` of the whole graph, self-loops added) from source
 ``block(N, L, k)`` into destination range ``block(N, L, j)`` as a CSR over its destinations,
 and feature tile :math:`(j, c)` the rows of range :math:`j` and the columns ``block(F, L, c)``.
 Any axis's block of the graph is a union of ranges (its size divides :math:`L`), so a process
-loads (:meth:`GraphShard.load`) exactly the tiles of the adjacency blocks its layers multiply
-and of its input block (:class:`ShardPlan`): on an ``(x, y, z)`` grid about
-:math:`\le 3/(xyz)^{2/3}` of the edges and ``1/(x y)`` of the features for PyG's ``GCN``.
+loads (:class:`GraphShard`) exactly the tiles of the adjacency blocks its layers multiply and
+of its input block (:class:`ShardPlan`): at most three adjacency blocks (the layouts rotate
+with period 3; on a cube of side :math:`s` each is :math:`1/s^2` of the edges) and, for PyG's
+``GCN``, ``1/(x y)`` of the features.
 
 The mini-batch is drawn stratum by stratum (:func:`~.sampling.stratified_nodes` with
 :math:`L` strata): range :math:`j` gives ``block(B, L, j)``'s size of vertices, so the rows
