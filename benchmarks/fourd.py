@@ -25,7 +25,8 @@ Every configuration is one ``lightning-fullgraph train --json`` run (runs are st
                          dp 2 x (2,1,1), (2,2,1) and (4,1,1)
 ``4d grid sage``         PyG's GraphSAGE split over a (2,2,1) grid (whole rows between
                          its layers)
-``4d single gcn``        the 4d recipe on **one** process (the memory reference for 4d)
+``4d single gcn``        the 4d recipe on **one** process (the memory reference for 4d;
+                         ``... shards``: reading the one-range shards, no gcn_norm in-process)
 ``4d ... shards``        every process holds only its grid position's shards
                          (``--shards``, cut beforehand by ``partition --grid``)
 =======================  ===============================================================
@@ -82,6 +83,7 @@ CONFIGS = {
     # process holds only its shards (--shards; cut beforehand by `partition --grid`, so
     # that no training process ever loads the whole graph).
     "4d single gcn": ("gcn", ("--strategy", "4d", "--grid", "1,1,1"), 1),
+    "4d single gcn shards": ("gcn", ("--strategy", "4d", "--grid", "1,1,1", "--shards"), 1),
     "4d 2x1x1 gcn shards": ("gcn", ("--strategy", "4d", "--grid", "2,1,1", "--shards"), 2),
     "4d grid gcn shards": ("gcn", ("--strategy", "4d", "--grid", "2,2,1", "--shards"), None),
     "4d dp2 x grid gcn shards": ("gcn", ("--strategy", "4d", "--dp", "2", "--grid", "2,1,1",
