@@ -174,9 +174,12 @@ class ShardedNodeDataModule(_SampledBatches):
 
     Args:
         root (str or Path): Directory of the shards (one subdirectory per grid size).
-        data (Data or callable, optional): The graph, or a function returning it: read only
-            when the shards for this grid size are missing, by local rank 0 of each node in
-            ``prepare_data``.  Without it the shards must exist
+        data (Data or callable, optional): The graph, or a function returning it, for local
+            rank 0 of each node to cut in ``prepare_data``.  A graph in memory is checked
+            against existing shards (an edited graph is refused by its fingerprint); a
+            function is called only when the shards for this grid size are missing, so it
+            must return the same graph for the same :obj:`root` (the CLI keys the root by the
+            data set spec).  Without it the shards must exist
             (:func:`~lightning_fullgraph.parallel.shards.write_shards`).
         batch_size (int, optional): Vertices per step (default: half the graph).
         steps_per_epoch (int, optional): Default :math:`\lceil N / B \rceil`.
@@ -211,15 +214,19 @@ class ShardedNodeDataModule(_SampledBatches):
 
     def prepare_data(self) -> None:
         from ..parallel.shards import read_meta, write_shards
-        if read_meta(self.root, self.parts) is not None:
+        # A Data is callable too (it iterates its attributes): only a function is called.
+        if isinstance(self._data, Data):
+            # In memory already: write_shards checks that existing shards were cut from it
+            # (an edited graph is refused, not trained on stale shards).
+            write_shards(self._data, self.root, self.parts)
             return
+        if read_meta(self.root, self.parts) is not None:
+            return  # a function is not called (the graph is not loaded) once they exist
         if self._data is None:
             raise FileNotFoundError(
                 f"no shards for a grid of {self.parts} processes under {self.root}, and no "
                 "data to write them from: pass data= (the graph or a function returning it)")
-        # A Data is callable too (it iterates its attributes): only a function is called.
-        data = self._data if isinstance(self._data, Data) else self._data()
-        write_shards(data, self.root, self.parts)
+        write_shards(self._data(), self.root, self.parts)
 
     @property
     def meta(self) -> dict:

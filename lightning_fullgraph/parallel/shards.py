@@ -39,7 +39,7 @@ from .sampling import check_strata, strata_bounds, strata_inclusion, stratified_
 
 __all__ = ["GraphShard", "ShardPlan", "read_meta", "write_shards"]
 
-FORMAT = 1
+FORMAT = 2  # 2: the graph's fingerprint in meta.json
 NODE_KEYS = ("y", "train_mask", "val_mask", "test_mask")
 #: Attribute of a batch whose ``x`` is this process's input block, not the batch's rows.
 INPUT_BLOCK = "grid_input_block"
@@ -110,14 +110,28 @@ def write_shards(data: Data, root: Union[str, Path], parts: int,
         dtype (torch.dtype): Dtype of the normalized weights.
 
     Returns:
-        The directory written.
+        The directory written (or the existing one, when it holds the shards of this graph).
+
+    Raises:
+        ValueError: The directory holds the shards of another graph (an edited one): nothing
+            is overwritten.
     """
     from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    from ..partition.fingerprint import graph_fingerprint
 
     n, parts = int(data.num_nodes), int(parts)
     check_strata(n, 2, parts)
     out = _directory(root, parts)
-    if read_meta(root, parts) is not None:
+    fingerprint = graph_fingerprint(data)
+    meta = read_meta(root, parts)
+    if meta is not None:
+        if (meta.get("fingerprint"), meta.get("dtype")) != (fingerprint, _dtype_name(dtype)):
+            raise ValueError(
+                f"{out} holds the shards of another graph (or weight dtype {meta.get('dtype')}): "
+                f"its fingerprint is {str(meta.get('fingerprint'))[:16]}, this graph's "
+                f"{fingerprint[:16]}. Cut this one into another root, or move that directory "
+                "away (nothing is deleted for you)")
         return out
     if out.exists():
         raise FileExistsError(f"{out} exists but holds no shards this version reads: move it "
@@ -157,17 +171,22 @@ def write_shards(data: Data, root: Union[str, Path], parts: int,
         (tmp / "meta.json").write_text(json.dumps({
             "format": FORMAT, "parts": parts, "num_nodes": n, "num_edges": int(src.numel()),
             "num_features": int(data.x.size(1)), "num_classes": num_classes,
-            "keys": sorted(nodes), "dtype": str(dtype).replace("torch.", "")}))
+            "keys": sorted(nodes), "dtype": _dtype_name(dtype), "fingerprint": fingerprint}))
         try:
             os.replace(tmp, out)
         except OSError:
-            if read_meta(root, parts) is None:
+            theirs = read_meta(root, parts)
+            if theirs is None or theirs.get("fingerprint") != fingerprint:
                 raise
             shutil.rmtree(tmp)  # written meanwhile by another process (node): keep theirs
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 class GraphShard:

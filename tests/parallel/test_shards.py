@@ -208,3 +208,22 @@ def test_the_data_module_writes_missing_shards_only_from_data_it_was_given(tmp_p
     first = [module.draw(s, 0) for s in range(2)]
     sampler = UniformVertexSampler(_data().edge_index, N, N // 2, seed=2)
     assert all(torch.equal(b.n_id, sampler.nodes(s)) for s, b in enumerate(first))
+
+
+def test_an_edited_graph_is_refused_not_trained_on_stale_shards(tmp_path):
+    from lightning_fullgraph.data.sampled import ShardedNodeDataModule
+    data = _data()
+    write_shards(data, tmp_path, 2)
+    edited = _data()
+    edited.x[0, 0] += 1.0
+    with pytest.raises(ValueError, match="shards of another graph"):
+        write_shards(edited, tmp_path, 2)
+    # Outside a Trainer the data module cuts one range (grid-1).
+    ShardedNodeDataModule(tmp_path, data=_data()).prepare_data()
+    stamp = (tmp_path / "grid-1" / "meta.json").stat().st_mtime_ns
+    with pytest.raises(ValueError, match="shards of another graph"):
+        ShardedNodeDataModule(tmp_path, data=edited).prepare_data()
+    ShardedNodeDataModule(tmp_path, data=_data()).prepare_data()  # the same graph: kept
+    assert (tmp_path / "grid-1" / "meta.json").stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="weight dtype"):
+        write_shards(data, tmp_path, 2, dtype=torch.float64)
