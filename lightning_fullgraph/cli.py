@@ -777,15 +777,31 @@ def _shards_root(args) -> str:
 
 
 def _peak_rss_max_rank(trainer) -> Optional[float]:
-    r"""The largest peak resident memory of all processes (every rank calls it)."""
+    r"""The largest peak resident memory of all processes (every rank calls it), in a
+    collective bounded by the strategy's collective timeout (after the run, the default group
+    is back at the start-up timeout: a lost peer would hold the others that long)."""
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
+
+    from . import compat
     rss = _peak_rss_mib()
     if rss is None or trainer.world_size == 1 or not (dist.is_available()
                                                       and dist.is_initialized()):
         return rss
-    value = torch.tensor([rss], dtype=torch.float64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    strategy = trainer.strategy
+    compat.set_group_timeout(getattr(strategy, "collective_timeout", timedelta(minutes=5)))
+    try:
+        value = torch.tensor([rss], dtype=torch.float64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    finally:  # the group's timeout as the strategy set it
+        timeouts = getattr(strategy, "timeouts", None)
+        if timeouts is not None:
+            compat.set_group_timeout(timeouts.startup)
+        else:
+            from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+            compat.set_group_timeout(default_pg_timeout)
     return float(value)
 
 
