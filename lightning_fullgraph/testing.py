@@ -19,6 +19,7 @@ call: a clean process that skips those imports, not a copy of the caller (nothin
 library nor of the caller is preloaded, so settings read at import time still apply).
 """
 import os
+import pickle
 import queue as queue_module
 import time
 import socket
@@ -93,7 +94,9 @@ def _worker(rank: int, world_size: int, port: int, timeout_s: float, fn: Callabl
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         result = fn(rank, world_size, *args)
-        queue.put((rank, True, result))
+        # Pickled here, by value: torch.multiprocessing's queue would share a tensor's memory
+        # through a handle only this process serves, which fails once it has exited.
+        queue.put((rank, True, pickle.dumps(result)))
     except BaseException:  # report every failure, including asserts, to the parent
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -148,7 +151,7 @@ def run_distributed(fn: Callable, world_size: int, *args: Any,
                     errors.append(f"ranks did not finish within {timeout_s + 60:.0f} s")
                 continue
             if ok:
-                results[rank] = payload
+                results[rank] = pickle.loads(payload)
             else:
                 errors.append(f"rank {rank} failed:\n{payload}")
     finally:
@@ -194,7 +197,8 @@ def run_outcomes(fn: Callable, world_size: int, *args: Any, timeout_s: float = 1
         while len(outcomes) < world_size and time.monotonic() < deadline:
             try:
                 rank, ok, payload = queue.get(timeout=0.2)
-                outcomes[rank] = RankOutcome(rank, "returned" if ok else "raised", payload,
+                outcomes[rank] = RankOutcome(rank, "returned" if ok else "raised",
+                                             pickle.loads(payload) if ok else payload,
                                              seconds=time.monotonic() - start)
                 continue
             except queue_module.Empty:
