@@ -8,7 +8,8 @@ an empty neighbourhood gives zero either way; so when the layer is narrower than
 (``out_channels < in_channels``, e.g. a last layer mapping hidden features to classes) the
 engine runs it as ``propagate(x @ W.T) + bias + lin_root(x)``: the halo rows, the pre
 partials and the aggregation are then ``out_channels`` wide instead of ``in_channels``, in
-both directions.  The result equals the layer's own within floating-point reassociation
+both directions.  With overlap, ``lin_root(x)`` runs while the halo is in flight
+(:func:`~lightning_fullgraph.kernels.split.while_in_flight`), unless a hook observes it.  The result equals the layer's own within floating-point reassociation
 (DGL's ``SAGEConv`` takes the same order, ``lin_before_mp``, for the same reason).
 
 The order changes what crosses the wire, so it is agreed by all ranks, once per layer and
@@ -26,6 +27,7 @@ not qualify at its first call keeps its own order.  An input without gradient is
 static-input cache may keep its aggregation (the raw features: exchanged once, then reused);
 once the cache gives up on it (input dropout makes a new tensor every step), it narrows.
 """
+from contextlib import nullcontext
 from typing import Any, Callable, Collection, Optional
 
 import torch
@@ -33,7 +35,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.conv import GraphConv, SAGEConv
 
+from ..compat import call_is_observed
 from ..kernels.sage_reorder import narrows
+from ..kernels.split import InFlight, while_in_flight
 from .agreement import Agreement
 from .static import StaticCache
 
@@ -123,12 +127,20 @@ def narrowed_forward(layer: Any, key: str, original: Callable, agreement: Agreem
             extra = {"edge_weight": given.get("edge_weight")}
         lin = getattr(layer, neighbour_name)
         source = None if x[0] is None else F.linear(x[0], lin.weight)
-        out = layer.propagate(edge_index, x=(source, x[1]), size=size, **extra)
+        x_r = x[1]
+        root_map = getattr(layer, root_name)
+        root = None
+        if x_r is not None and (not is_sage or layer.root_weight):
+            root = InFlight(lambda: root_map(x_r))
+        # The root term needs no halo rows: with overlap it is computed while the halo is in
+        # flight (..kernels.split), unless a hook would see it called at another time.
+        with while_in_flight(root) if root is not None and not call_is_observed(root_map) \
+                else nullcontext():
+            out = layer.propagate(edge_index, x=(source, x[1]), size=size, **extra)
         if lin.bias is not None:
             out = out + lin.bias
-        x_r = x[1]
-        if x_r is not None and (not is_sage or layer.root_weight):
-            out = out + getattr(layer, root_name)(x_r)
+        if root is not None:
+            out = out + root.run()
         if is_sage and layer.normalize:
             out = F.normalize(out, p=2., dim=-1)
         return out

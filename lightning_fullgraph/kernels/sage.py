@@ -10,6 +10,10 @@ over it fewer, forward and backward alike (``python -m benchmarks sage_fusion`` 
 A narrowing layer (:math:`F_{out} < F_{in}`) with sum or mean aggregation maps its rows before
 aggregating them (:mod:`.sage_reorder`).
 
+In a distributed layer whose halo exchange overlaps (:mod:`.split`), the root term
+``x_r @ W_r^T`` is computed while the halo is in flight instead, and added to ``lin_l``'s
+output as PyG adds it (its backward then runs while the halo's gradients travel back).
+
 The layer's own forward runs instead whenever that could differ from what PyG does: a
 subclass with its own forward, ``root_weight=False``, a biased or replaced ``lin_r``, hooks
 that would see ``lin_r`` called (its own, or global ones), autocast (which casts each product
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import compat
-from . import sage_reorder
+from . import sage_reorder, split
 
 __all__ = ["fusable", "fused_forward"]
 
@@ -71,11 +75,20 @@ def fused_forward(layer: Any, original: Callable, ignore: Tuple[Callable, ...] =
         xs = (x, x) if isinstance(x, Tensor) else x
         if layer.project and hasattr(layer, "lin"):  # as PyG does
             xs = (layer.lin(xs[0]).relu(), xs[1])
-        out = sage_reorder.mapped_first(layer, xs, edge_index, size, ignore)
-        if out is None:  # PyG's order: aggregate, then map
-            out = layer.lin_l(layer.propagate(edge_index, x=xs, size=size))
         w = layer.lin_r.weight
-        if out.shape != (x_r.size(0), w.size(0)) or out.dtype != w.dtype:
+        # The root term needs no halo rows: a distributed layer whose exchange overlaps
+        # computes it while the halo is in flight (.split), PyG's own product and sum.
+        root = split.InFlight(lambda: torch.mm(x_r, w.t()))
+        with split.while_in_flight(root):
+            out = sage_reorder.mapped_first(layer, xs, edge_index, size, ignore)
+            if out is None:  # PyG's order: aggregate, then map
+                out = layer.lin_l(layer.propagate(edge_index, x=xs, size=size))
+        if root.ran:
+            fresh = (out.shape == root.result.shape and out.dtype == root.result.dtype
+                     and out._base is None and out.is_contiguous()
+                     and not compat.has_forward_hooks(layer.lin_l))
+            out = out.add_(root.result) if fresh else out + root.result
+        elif out.shape != (x_r.size(0), w.size(0)) or out.dtype != w.dtype:
             out = out + layer.lin_r(x_r)  # PyG's own sum (and its errors)
         elif out._base is None and out.is_contiguous() and not compat.has_forward_hooks(
                 layer.lin_l):

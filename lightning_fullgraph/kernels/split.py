@@ -10,6 +10,12 @@ exchange) hands one out only while :func:`split_accepted` is true, which the ker
 ``propagate`` wrapper sets around the layer's pre-hooks when it can aggregate it
 (:func:`aggregate_split`, sum or mean aggregation).  Anything else gets :meth:`SplitRows.materialize`.
 
+A layer may hand the next split aggregation more work that does not need the halo
+(:func:`while_in_flight`: ``SAGEConv``'s root term ``x_r @ W_r^T``): it runs after the owned
+part, before the wait, so the exchange also hides a dense product, not only the owned sum.
+Created between the transfer's start and its completion, its backward also runs while the
+halo's gradients travel back (the autograd engine runs the nodes created later first).
+
 The split graph (edges with owned sources, edges with halo sources renumbered from 0) is
 built once per graph and cached with the CSR structures (:func:`~.csr.get_split_csr`).
 Sums run in a different order than over the whole graph (owned sources first), so results
@@ -23,7 +29,8 @@ from typing import Callable, Iterator, Optional
 
 from torch import Tensor
 
-__all__ = ["SplitRows", "accepting_split", "split_accepted", "aggregate_split"]
+__all__ = ["SplitRows", "accepting_split", "split_accepted", "aggregate_split", "InFlight",
+           "while_in_flight"]
 
 _state = threading.local()
 
@@ -73,6 +80,46 @@ def accepting_split(enabled: bool = True) -> Iterator[None]:
         _state.accepted = previous
 
 
+class InFlight:
+    r"""Work that needs no halo rows, run by the next split aggregation while its halo is in
+    flight (:func:`while_in_flight`), or by its owner after the aggregation otherwise.
+
+    Args:
+        work (Callable[[], torch.Tensor]): Computes the result (called at most once).
+    """
+
+    __slots__ = ("_work", "result")
+
+    def __init__(self, work: Callable[[], Tensor]) -> None:
+        self._work: Optional[Callable[[], Tensor]] = work
+        self.result: Optional[Tensor] = None
+
+    @property
+    def ran(self) -> bool:
+        r"""Whether the work has run (:attr:`result` holds its output)."""
+        return self._work is None
+
+    def run(self) -> Tensor:
+        r"""Runs the work unless it ran; its result."""
+        if self._work is not None:
+            work, self._work = self._work, None
+            self.result = work()
+        return self.result
+
+
+@contextmanager
+def while_in_flight(work: InFlight) -> Iterator[InFlight]:
+    r"""While active, the first :func:`aggregate_split` runs :obj:`work` between its owned
+    part and the wait for the halo (once; a nested or later aggregation does not see it).
+    Where no split aggregation runs (no overlap), :obj:`work` has not run on exit."""
+    previous = getattr(_state, "in_flight", None)
+    _state.in_flight = work
+    try:
+        yield work
+    finally:
+        _state.in_flight = previous
+
+
 def split_accepted() -> bool:
     r"""Whether the caller will aggregate a :class:`SplitRows` source (consumed once)."""
     accepted = getattr(_state, "accepted", False)
@@ -108,6 +155,10 @@ def aggregate_split(src: SplitRows, edge_index: Tensor, weight: Optional[Tensor]
         w_own = weight.index_select(0, split.own_pos)
         w_halo = weight.index_select(0, split.halo_pos)
     out = aggregate(src.local, split.own, w_own, "sum", num_dst, backend=backend)
+    work = getattr(_state, "in_flight", None)
+    if work is not None:  # the caller's halo-free work, while the halo is still in flight
+        _state.in_flight = None
+        work.run()
     halo = src.halo().to(src.local.dtype)
     # Also without halo edges: the halo must stay in the autograd graph, whose backward
     # runs the gradients' exchange that every rank takes part in.  In place: the sum's

@@ -81,6 +81,28 @@ def _run(rank, world_size, kind, aggregation):
         return csr_sum(rowptr, col, w, Noted.apply(x) if x.requires_grad else x, *args)
 
     functional.ops.csr_sum = noted_sum
+    from lightning_fullgraph.kernels import split as split_module
+
+    class NotedRoot(torch.autograd.Function):  # notes when the in-flight product's backward runs
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            events.append(("in-flight backward", None))
+            return grad
+
+    in_flight = split_module.InFlight.run
+
+    def noted_run(self):  # SAGEConv's root term, computed while the halo is in flight
+        if not self.ran:
+            in_flight(self)
+            events.append(("in flight", None))
+            self.result = NotedRoot.apply(self.result)
+        return self.result
+
+    split_module.InFlight.run = noted_run
     data, part = rank_partition(rank, world_size)
     torch.manual_seed(1)
     ref = _model(kind, data.num_features, 4)
@@ -133,6 +155,14 @@ def test_overlap_is_exact_and_sends_the_same(kind, aggregation):
         for s, c in zip(backward[::2], backward[1::2]):
             assert events[s] == ("start", "backward") and events[c] == ("complete", "backward")
             assert ("sum backward", None) in events[s + 1:c]
+        if kind == "sage":
+            # SAGEConv's root term x_r @ W_r^T ran while each forward halo was in flight, and
+            # its backward while the halo gradients travelled back.
+            for direction, noted in (("forward", "in flight"), ("backward", "in-flight backward")):
+                at = [i for i, e in enumerate(events) if e[1] == direction]
+                pairs = list(zip(at[::2], at[1::2]))
+                assert pairs and all((noted, None) in events[s + 1:c] for s, c in pairs), \
+                    (direction, events)
         assert r["bytes_on"] == r["bytes_off"]
         assert r["loss_error"] <= 1e-6
         assert r["param_error"] <= 1e-5 and r["single_error"] <= 1e-5
