@@ -58,6 +58,8 @@ def curate_cluster(result: Dict[str, Any], where: Dict[str, str]) -> Tuple[List[
         cores = r.get("node_cores") or 1
         if cores != 1:
             model += f", {cores}-core machines"
+        if r.get("rate") not in (None, "1gbit"):  # the link is the default
+            model += f", {r['rate']} links"
         out.append([model, r["config"] + (f" (seed {r['seed']})" if r.get("seed") else ""),
                     _r(r["step_s"], 3), _r(r.get("step_vs_post"), 2), _r(r.get("exchange_s"), 3),
                     _r(r.get("sent_MB"), 2), _r(100 * r["test_acc"], 2) if r.get("test_acc") is not None else None,
