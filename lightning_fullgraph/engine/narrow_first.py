@@ -9,8 +9,9 @@ an empty neighbourhood gives zero either way; so when the layer is narrower than
 engine runs it as ``propagate(x @ W.T) + bias + lin_root(x)``: the halo rows, the pre
 partials and the aggregation are then ``out_channels`` wide instead of ``in_channels``, in
 both directions.  With overlap, ``lin_root(x)`` runs while the halo is in flight
-(:func:`~lightning_fullgraph.kernels.split.while_in_flight`), unless a hook observes it.  The result equals the layer's own within floating-point reassociation
-(DGL's ``SAGEConv`` takes the same order, ``lin_before_mp``, for the same reason).
+(:func:`~lightning_fullgraph.kernels.split.while_in_flight`), unless a hook observes it.  The
+result equals the layer's own within floating-point reassociation (DGL's ``SAGEConv`` takes
+the same order, ``lin_before_mp``, for the same reason).
 
 The order changes what crosses the wire, so it is agreed by all ranks, once per layer and
 phase, from what each rank sees at its first call: the layer's own ``forward`` (not a
