@@ -88,7 +88,7 @@ def _run(rank, world_size):
     out = {}
     for case in CASES:
         cpu, gpu = (_train(rank, world_size, *case, device) for device in ("cpu", "cuda"))
-        # Floats only cross back to the test (tensors would need the rank alive).
+        # The comparisons, made here: the test gets their largest errors.
         out[case] = dict(
             on_device=gpu["on_device"], exchanges=(cpu["exchanges"], gpu["exchanges"]),
             loss_error=max(abs(a - b) for a, b in zip(gpu["losses"], cpu["losses"])),

@@ -67,31 +67,23 @@ def _run(rank, world_size, kind, aggregation):
     exchange_module.HaloExchange._transfer_async = started
     csr_sum = functional.ops.csr_sum
 
-    class Noted(torch.autograd.Function):  # notes when a sum's backward runs
+    class Noted(torch.autograd.Function):  # notes when the backward of what it wraps runs
         @staticmethod
-        def forward(ctx, x):
+        def forward(ctx, x, label):
+            ctx.label = label
             return x.view_as(x)
 
         @staticmethod
         def backward(ctx, grad):
-            events.append(("sum backward", None))
-            return grad
+            events.append((ctx.label, None))
+            return grad, None
 
     def noted_sum(rowptr, col, w, x, *args):
-        return csr_sum(rowptr, col, w, Noted.apply(x) if x.requires_grad else x, *args)
+        return csr_sum(rowptr, col, w, Noted.apply(x, "sum backward") if x.requires_grad else x,
+                       *args)
 
     functional.ops.csr_sum = noted_sum
     from lightning_fullgraph.kernels import split as split_module
-
-    class NotedRoot(torch.autograd.Function):  # notes when the in-flight product's backward runs
-        @staticmethod
-        def forward(ctx, x):
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx, grad):
-            events.append(("in-flight backward", None))
-            return grad
 
     in_flight = split_module.InFlight.run
 
@@ -99,7 +91,7 @@ def _run(rank, world_size, kind, aggregation):
         if not self.ran:
             in_flight(self)
             events.append(("in flight", None))
-            self.result = NotedRoot.apply(self.result)
+            self.result = Noted.apply(self.result, "in-flight backward")
         return self.result
 
     split_module.InFlight.run = noted_run
