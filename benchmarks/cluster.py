@@ -10,10 +10,13 @@ the asynchronous pipeline only what was not hidden), bytes per epoch per rank, t
 curve (validation accuracy against training seconds) and the final test accuracy, and from
 them the step ratio against exact post-aggregation of the same model and link, and the time
 to 95 % of the exact run's best validation accuracy.  With the link calibrated at each job's
-fit start (``train --link calibrate``; ``--no-predict`` skips it), it also records the
-planner's step: the reference run's measured compute (its training step without its
-exchanges) plus the configuration's predicted exchange and codec seconds, and its ratio to
-the measured step (no exchange is assumed hidden; boundary sampling is not predicted).
+fit start (``train --link calibrate``; ``--no-predict`` skips it), or fitted to the
+exchanges of another configuration's run (``--link-from post+nooverlap``: the link as training
+meets it), it also records the planner's step and its ratio to the measured step: the
+reference run's measured compute (its training step without its blocked exchanges) plus the
+configuration's predicted exchange seconds that the work it runs while they are in flight
+does not hide (measured windows; no less than the link is busy per step), plus its codec's
+(:meth:`~lightning_fullgraph.planner.tracker.PredictionTracker.step_seconds`).
 
 Usage::
 
@@ -56,9 +59,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -129,8 +134,11 @@ def _other_strategy(name: str) -> Optional[str]:
 
 
 def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Namespace,
-            seed: int, port: int) -> Dict[str, Any]:
-    r"""One multi-node training job; rank 0's JSON summary plus the wall time."""
+            seed: int, port: int, link: Optional[str] = None,
+            save_link: Optional[str] = None) -> Dict[str, Any]:
+    r"""One multi-node training job; rank 0's JSON summary plus the wall time.  The planner
+    predicts on :obj:`link` (a file written by ``train --save-link``; default: calibrated at
+    fit start), and :obj:`save_link` gets the link fitted to the job's exchanges."""
     args = ["-m", "lightning_fullgraph.cli", "train", "--dataset", opts.dataset, "--model",
             model, "--hidden", str(opts.hidden), "--layers", str(opts.layers), "--dropout", "0",
             "--epochs",
@@ -143,7 +151,9 @@ def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Na
         args += ["--cache-dir", str(opts.cache_dir)]
     if opts.predict and strategy is None:
         # The planner's exchange and codec seconds per step, on the shaped link.
-        args += ["--link", "calibrate"]
+        args += ["--link", link or "calibrate"]
+        if save_link:
+            args += ["--save-link", save_link]
     # A rank runs as many threads as its emulated machine has cores (a dilated cluster), or
     # its share of this machine's.
     threads = cluster.node_cores or max(1, (os.cpu_count() or 1) // cluster.nodes)
@@ -185,11 +195,15 @@ def derive(rows: List[Dict[str, Any]], reference: str = "post") -> None:
         base = (same_seed or ref)[0]
         row["step_vs_post"] = row["step_s"] / base["step_s"] if base["step_s"] else None
         # The planner's step: the reference run's measured compute (its step without its
-        # exchanges) plus this configuration's predicted exchange and codec seconds.
+        # blocked exchanges) plus this configuration's predicted exchange seconds that the
+        # work in flight does not hide (no less than the link is busy), plus its codec's.
         compute = base.get("step_compute_s")
         if compute is not None and row.get("predicted_exchange_s") is not None:
-            row["predicted_step_s"] = compute + row["predicted_exchange_s"] \
-                + (row.get("predicted_codec_s") or 0.0)
+            exchange = row["predicted_exchange_s"]
+            exposed = row.get("predicted_exposed_s")
+            codec = row.get("predicted_codec_s") or 0.0
+            row["predicted_step_s"] = codec + (compute + exchange if exposed is None
+                                               else max(compute + exposed, exchange))
             row["predicted_vs_measured"] = row["predicted_step_s"] / row["step_s"] \
                 if row["step_s"] else None
         best = max(acc for _, _, acc in base["val_trace"]) if base["val_trace"] else None
@@ -218,6 +232,7 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 step_compute_s=summary.get("train_step_compute_seconds"),
                 predicted_exchange_s=summary.get("predicted_step_exchange_seconds"),
                 predicted_codec_s=summary.get("predicted_step_codec_seconds"),
+                predicted_exposed_s=summary.get("predicted_step_exposed_seconds"),
                 sent_MB=summary["comm_MB_per_epoch_per_rank"],
                 test_acc=summary["test_acc"], val_trace=summary["val_trace"],
                 fit_s=summary["fit_seconds"], wall_s=summary["wall_s"])
@@ -311,6 +326,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--plot", default=None)
     p.add_argument("--reference", default="post",
                    help="the configuration the ratios are against (default: post)")
+    p.add_argument("--link-from", default=None, metavar="CONFIG",
+                   help="predict on the link fitted to this configuration's exchanges (it runs "
+                        "first for each model and seed, e.g. post+nooverlap: the link as "
+                        "training meets it, with nothing hidden) instead of the ping-pong "
+                        "calibration at each job's start")
     p.add_argument("--replot", default=None, metavar="RESULTS.json",
                    help="only print the table and plot of saved results")
     opts = p.parse_args(argv)
@@ -326,6 +346,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             setattr(opts, key, value)
     for name in opts.configs:
         config_args(name)  # refuse unknown names before anything starts
+    if opts.link_from is not None:
+        if opts.link_from not in opts.configs or _other_strategy(opts.link_from) is not None:
+            p.error(f"--link-from {opts.link_from}: not a full-graph configuration of --configs")
+        opts.configs = [opts.link_from] + [c for c in opts.configs if c != opts.link_from]
+    links = Path(tempfile.mkdtemp(prefix="cluster-links-"))
     rows: List[Dict[str, Any]] = []
     port = 29700
     for nodes in opts.nodes:
@@ -343,10 +368,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                             port += 1
                             print(f"[cluster] {model} {config} rate={rate} nodes={nodes} "
                                   f"seed={seed} ...", file=sys.stderr, flush=True)
-                            summary = run_job(cluster, model, config, opts, seed, port)
+                            fitted = links / f"{model}-{rate}-{nodes}-{seed}.json"
+                            source = config == opts.link_from
+                            summary = run_job(
+                                cluster, model, config, opts, seed, port,
+                                link=str(fitted) if fitted.exists() and not source else None,
+                                save_link=str(fitted) if source else None)
                             rows.append(summarize(summary, model, config, rate, nodes, seed))
+                            if opts.link_from is not None and fitted.exists():
+                                rows[-1]["link"] = json.loads(fitted.read_text()) \
+                                    if source else f"fitted to {opts.link_from}"
                             rows[-1]["dilation"] = cluster.dilation
                             rows[-1]["node_cores"] = cluster.node_cores
+    shutil.rmtree(links, ignore_errors=True)  # the fitted links are in the rows
     derive(rows, opts.reference)
     print(table(rows))
     out = Path(opts.json_out) if opts.json_out else result_path("cluster", opts.out)

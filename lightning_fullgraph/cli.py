@@ -704,6 +704,7 @@ def _train(args) -> int:
         # The planner's step terms on --link (last epoch: the calls are recorded by then).
         "predicted_step_exchange_seconds": last.get("comm/predicted_step_exchange_s"),
         "predicted_step_codec_seconds": last.get("comm/predicted_step_codec_s"),
+        "predicted_step_exposed_seconds": last.get("comm/predicted_step_exposed_s"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }
     if trainer.global_rank == 0:

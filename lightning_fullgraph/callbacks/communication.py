@@ -26,7 +26,9 @@ class CommunicationMonitor(Callback):
     the exchange), ``comm/compute_s`` (rest of the training step), ``comm/step_s``
     (the whole training step: forward, backward, optimizer), ``comm/step_exchange_s`` and
     ``comm/step_compute_s`` (the training steps' own exchange and the rest; ``exchange_s``
-    also counts validation's forward exchanges), and per layer
+    also counts validation's forward exchanges), ``comm/in_flight_s`` (seconds the rank
+    worked between starting an asynchronous exchange and waiting for it: what overlap hides
+    the transfers behind), and per layer
     ``comm/layer/<name>_MB``, and ``comm/bits``, the mean bits per feature of the forward rows
     as they were sent, headers aside (32 exact fp32, 16 bfloat16, 1-8 quantized; between for a
     per-node codec such as ``"adaptive"``); with an adaptive halo cache,
@@ -62,10 +64,12 @@ class CommunicationMonitor(Callback):
     ``comm/predicted_received_MB`` from the engine's aggregation plans and the model's
     exchange calls, and, with a :obj:`link`, ``comm/predicted_exchange_s`` (SuperGCN's model:
     per exchange, latency per peer plus the busiest rank's bytes over the bandwidth), and for
-    one steady training step ``comm/predicted_step_exchange_s`` and
+    one steady training step ``comm/predicted_step_exchange_s``,
     ``comm/predicted_step_codec_s`` (encoding and decoding at the link's measured codec
-    throughput): added to the step's compute (``comm/step_compute_s``, the training step
-    without its exchanges, measured), they are the planner's step time
+    throughput) and ``comm/predicted_step_exposed_s`` (per exchange, the part of its predicted
+    seconds longer than the work measured to run while it is in flight): with the step's
+    compute (``comm/step_compute_s``, the training step without its blocked exchanges,
+    measured), they are the planner's step time
     (:meth:`~lightning_fullgraph.planner.tracker.PredictionTracker.step_seconds`).  The
     exchange calls come from :obj:`profile` (:func:`~lightning_fullgraph.planner.profile_model`
     of the model before fit) or, without one, are recorded from the run's own steps (no
@@ -248,6 +252,8 @@ class CommunicationMonitor(Callback):
             "comm/received_MB": total.bytes_received / 1e6,
             "comm/inter_host_sent_MB": total.inter_host_bytes_sent / 1e6,
             "comm/exchange_s": total.seconds,
+            # What ran while asynchronous exchanges were in flight (what overlap hid them by).
+            "comm/in_flight_s": total.in_flight_seconds,
             "comm/compute_s": max(0.0, self._step_seconds - total.seconds),
             "comm/step_s": self._step_seconds,
             # The training steps alone (comm/exchange_s counts validation's exchanges too).
@@ -281,7 +287,7 @@ class CommunicationMonitor(Callback):
         names = sorted(local)
         values = torch.tensor([local[n] for n in names], dtype=torch.float64)
         extra = call_seconds if call_seconds is not None else torch.zeros(0, dtype=torch.float64)
-        step_seconds = self.predictor.step_seconds() if call_seconds is not None else None
+        step_seconds = self.predictor.step_seconds(stats) if call_seconds is not None else None
         if step_seconds is not None:
             extra = torch.cat([extra, step_seconds])
         distributed = dist.is_initialized() and dist.get_world_size() > 1
@@ -308,9 +314,10 @@ class CommunicationMonitor(Callback):
             metrics["comm/predicted_exchange_s"] = \
                 peak[len(names):len(names) + len(call_seconds)].sum().item()
             start = len(names) + len(call_seconds)
-            step = peak[start:start + len(step_seconds)].view(-1, 2).sum(0).tolist()
+            step = peak[start:start + len(step_seconds)].view(-1, 3).sum(0).tolist()
             metrics["comm/predicted_step_exchange_s"] = step[0]
             metrics["comm/predicted_step_codec_s"] = step[1]
+            metrics["comm/predicted_step_exposed_s"] = step[2]
         if observed is not None:
             fitted = self.predictor.observe(peak[len(peak) - len(observed):])
             if fitted is not None:

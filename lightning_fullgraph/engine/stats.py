@@ -16,6 +16,10 @@ class ExchangeCounter:
     rows_sent: int = 0
     rows_received: int = 0
     seconds: float = 0.0
+    # Of asynchronous exchanges: seconds between a transfer's start and the wait for it, the
+    # work that ran while the rows were in flight (what overlap can hide the transfer behind).
+    in_flight_seconds: float = 0.0
+    waits: int = 0  # asynchronous exchanges waited for (those in_flight_seconds counts)
     inter_host_bytes_sent: int = 0  # the part of bytes_sent that went to other hosts
     inter_host_bytes_received: int = 0
     rows_eligible: int = 0  # rows a cached exchange could have sent
@@ -40,6 +44,8 @@ class ExchangeCounter:
         self.rows_sent += other.rows_sent
         self.rows_received += other.rows_received
         self.seconds += other.seconds
+        self.in_flight_seconds += other.in_flight_seconds
+        self.waits += other.waits
 
 
 @dataclass
@@ -67,9 +73,14 @@ class CommStats:
         c.rows_received += rows_received
         c.seconds += seconds
 
-    def add_seconds(self, key: str, direction: str, seconds: float) -> None:
-        r"""Time spent waiting for an asynchronous exchange already recorded."""
-        self.counters[(key, direction)].seconds += seconds
+    def add_seconds(self, key: str, direction: str, seconds: float,
+                    in_flight: float = 0.0) -> None:
+        r"""Time spent waiting for an asynchronous exchange already recorded, and the time
+        the caller worked between its start and that wait (:obj:`in_flight`)."""
+        c = self.counters[(key, direction)]
+        c.seconds += seconds
+        c.in_flight_seconds += in_flight
+        c.waits += 1
 
     def record_cache(self, key: str, direction: str, *, eligible: int, skipped: int) -> None:
         r"""Rows an adaptive-cache exchange could have sent, and how many it skipped."""

@@ -33,7 +33,8 @@ class PendingExchange:
 
     The receive buffer must not be read before :meth:`wait`.  Bytes and rows are counted when
     the transfer starts, the seconds a caller spends blocked in :meth:`wait` when it returns
-    (once, however often it is called).
+    (once, however often it is called), together with the seconds between the transfer's start
+    and the call of :meth:`wait`: what the caller computed while the rows were in flight.
     """
 
     recv: Tensor
@@ -41,7 +42,9 @@ class PendingExchange:
     _finish: Optional[Callable[[Tensor], Tensor]] = None
     _on_done: Optional[Callable[[], None]] = None
     _done: bool = field(default=False)
-    on_wait: Optional[Callable[[float], None]] = None  # gets the seconds blocked in wait()
+    # Gets the seconds blocked in wait() and the seconds in flight before it was called.
+    on_wait: Optional[Callable[[float, float], None]] = None
+    _started: float = field(default_factory=time.perf_counter)
 
     def wait(self) -> Tensor:
         if not self._done:
@@ -52,7 +55,7 @@ class PendingExchange:
             if self._on_done is not None:
                 self._on_done()
             if self.on_wait is not None:
-                self.on_wait(time.perf_counter() - start)
+                self.on_wait(time.perf_counter() - start, start - self._started)
             self._done = True
         return self.recv
 
@@ -172,8 +175,8 @@ class Transport:
                               inter_host_bytes_sent=inter_sent,
                               inter_host_bytes_received=inter_received)
 
-            def exposed(waited: float) -> None:
-                self.stats.add_seconds(key, direction, waited)
+            def exposed(waited: float, in_flight: float) -> None:
+                self.stats.add_seconds(key, direction, waited, in_flight=in_flight)
             return PendingExchange(recv, work, finish, None, on_wait=exposed)
         received = PendingExchange(recv, None, finish, record).wait()
         if out is not None and received is not out:

@@ -127,6 +127,19 @@ class PredictionTracker:
                 router.link = link  # aggregation="auto" decides on it: no second calibration
             if codec is None:  # exact rows are sent as they are: no codec time
                 link = replace(link, codec_throughput=math.inf)
+        elif isinstance(link, LinkModel) and policy is not None:
+            # A link from a file (e.g. fitted to an exact run's exchanges) knows the codec it
+            # was measured with; the run's lossy codec's throughput is measured here, on this
+            # rank alone (the predicted seconds are maxed over ranks when logged).
+            codec = next((c for c in policy.codecs() if not c.lossless), None)
+            if codec is not None and type(codec).__name__ != link.codec:
+                from .calibrate import _default_device, calibrate_codec
+                group = getattr(engine, "group", None)
+                device = _default_device(dist.get_backend(group)) \
+                    if dist.is_available() and dist.is_initialized() else None
+                seconds = calibrate_codec(codec, rows=16384, width=256, device=device)
+                link = replace(link, codec_throughput=16384 * 256 * 4 / seconds,
+                               codec=type(codec).__name__)
         tracker = cls(engine, profile, link)
         if profile is None and tracker.recorder is None:
             warnings.warn("CommunicationMonitor: this engine's exchanges cannot be recorded; "
@@ -187,27 +200,48 @@ class PredictionTracker:
                    for call, times in sorted(calls.items(), key=lambda kv: _order(kv[0]))]
         return out, torch.tensor(seconds, dtype=torch.float64)
 
-    def step_seconds(self) -> Optional[Tensor]:
+    def step_seconds(self, stats: Any = None) -> Optional[Tensor]:
         r"""This rank's predicted seconds of one steady training step (with a link model).
 
-        The planner's step time is :math:`t_{compute} + \sum_c \max_r t_{exchange}(c, r) +
-        \sum_c \max_r t_{codec}(c, r)` over the step's exchange calls :math:`c` (SuperGCN
-        Eqs. 2-6; every exchange waits for its busiest rank, and no exchange is assumed to be
-        hidden by overlap): this vector holds this rank's two terms per call, to be reduced
-        with ``MAX`` over ranks; the compute comes from a measurement
-        (``comm/step_compute_s`` of a run without the reduction).
+        Per exchange call :math:`c` of the step: its exchange seconds :math:`t_x(c)` (latency
+        per peer plus the busiest rank's bytes over the bandwidth; SuperGCN Eqs. 2-3), its
+        codec seconds :math:`t_q(c)` (encoding and decoding; Eqs. 4, 6), and its exposed
+        seconds :math:`\max(0, t_x(c) - w(c))`: the part of the transfer that the work
+        :math:`w(c)` the rank runs while it is in flight does not hide (overlap).
+        :math:`w(c)` is measured, not predicted: the mean seconds between an asynchronous
+        exchange's start and the wait for it at the call's exchange point
+        (``in_flight_seconds`` of :obj:`stats`; 0 for a synchronous one).  Reduced with
+        ``MAX`` over ranks and summed over calls, the planner's step is
+
+        .. math::
+            \max\Big(t_{compute} + \sum_c t_{exposed}(c),\ \sum_c t_x(c)\Big)
+            + \sum_c t_q(c)
+
+        with :math:`t_{compute}` measured (``comm/step_compute_s`` of a run without the
+        reduction: the step without its blocked exchanges): a step cannot take less than the
+        link is busy, however much of it overlaps (the asynchronous pipeline's transfers,
+        which the step's gradient all-reduce on the same group waits for).
+
+        Args:
+            stats (CommStats, optional): The engine's counters so far (the windows); without
+                them nothing counts as hidden.
 
         Returns:
-            torch.Tensor or None: float64 ``[2 * calls]``, ``(exchange, codec)`` per call of
-            :attr:`~.profile.ExchangeProfile.train_steady` in its order (the same on every
-            rank), or ``None`` without a link model.
+            torch.Tensor or None: float64 ``[3 * calls]``, ``(exchange, codec, exposed)`` per
+            call of :attr:`~.profile.ExchangeProfile.train_steady` in its order (the same on
+            every rank), or ``None`` without a link model.
         """
         if self.link is None:
             return None
         model = CommunicationModel(self.profile, self.link)
-        return torch.tensor([t for call in self.profile.train_steady
-                             for t in model.call_seconds(call, self.counts)],
-                            dtype=torch.float64)
+        counters = getattr(stats, "counters", {}) if stats is not None else {}
+        out: List[float] = []
+        for call in self.profile.train_steady:
+            exchange, codec = model.call_seconds(call, self.counts)
+            c = counters.get((call.key, call.direction))
+            window = c.in_flight_seconds / c.waits if c is not None and c.waits else 0.0
+            out += [exchange, codec, max(0.0, exchange - window)]
+        return torch.tensor(out, dtype=torch.float64)
 
     # -- the link as training meets it ------------------------------------------------------
     def observation_vector(self, stats: Any) -> Tensor:

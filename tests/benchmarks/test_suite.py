@@ -170,3 +170,22 @@ def test_curate_a_fourd_result():
     assert entry["columns"][:3] == ["configuration", "processes", "test acc (%)"]
     (row, ) = entry["rows"]
     assert row[0] == "4d grid gcn bf16" and row[1] == 4 and len(row[3].split(" / ")) == 3
+
+
+def test_cluster_planner_step_hides_what_runs_in_flight():
+    # The planner's step: the reference's compute plus the exposed exchange, no less than the
+    # link is busy, plus the codec; a result without exposed seconds (older) hides nothing.
+    from benchmarks.cluster import derive
+
+    def row(config, step, **kw):
+        return dict(model="sage", rate="1gbit", nodes=4, seed=0, config=config, step_s=step,
+                    val_trace=[], **kw)
+    rows = [row("post", 7.0, step_compute_s=3.0, predicted_exchange_s=5.0,
+                predicted_exposed_s=4.0, predicted_codec_s=0.0),
+            row("int2c", 3.0, predicted_exchange_s=0.5, predicted_exposed_s=0.0,
+                predicted_codec_s=0.25),
+            row("pipeline", 6.0, predicted_exchange_s=5.0, predicted_exposed_s=0.0),
+            row("old", 8.0, predicted_exchange_s=5.0, predicted_codec_s=0.5)]
+    derive(rows, "post")
+    assert [r["predicted_step_s"] for r in rows] == [7.0, 3.25, 5.0, 8.5]
+    assert rows[1]["predicted_vs_measured"] == 3.25 / 3.0

@@ -375,3 +375,24 @@ def test_pending_exchange_finishes_once():
     first = p.wait()
     assert torch.equal(first, torch.full((2, ), 2.0)) and p.wait() is first
     assert calls == [1]
+
+
+def test_asynchronous_exchange_counts_the_work_it_was_in_flight_for():
+    # The seconds between an asynchronous exchange's start and its wait are what the caller
+    # computed while the rows travelled (what overlap hides a transfer behind); a synchronous
+    # exchange has none.
+    import time
+    stats = CommStats()
+    t = Transport(stats=stats)
+    x = torch.randn(4, 3)
+    t.exchange(x, [4], [4], key="k", direction="forward")
+    pending = t.exchange(x, [4], [4], key="k", direction="backward", async_op=True)
+    time.sleep(0.05)
+    pending.wait()
+    pending.wait()  # counted once
+    sync, a = stats.counters[("k", "forward")], stats.counters[("k", "backward")]
+    assert (sync.in_flight_seconds, sync.waits) == (0.0, 0)
+    assert a.waits == 1 and 0.05 <= a.in_flight_seconds < 5
+    assert a.seconds < a.in_flight_seconds  # the wait itself blocked for (almost) nothing
+    total = stats.total()
+    assert (total.in_flight_seconds, total.waits) == (a.in_flight_seconds, 1)

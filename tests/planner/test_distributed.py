@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
+from lightning_fullgraph.engine import CommStats, ExchangeConfig, FullGraphEngine
 from lightning_fullgraph.engine.codecs.registry import codec_from_name
 from lightning_fullgraph.partition import MODES
 from lightning_fullgraph.planner import (
@@ -92,12 +92,21 @@ def _monitor(part, kind, mode, num_features, profile, link, save_link=None, over
         monitor.on_validation_batch_end(trainer, module, None, data, 0)
         monitor.on_train_epoch_end(trainer, module)
         epochs.append(dict(logged))
+    # The exposed seconds per call: none where the work in flight outlasts every transfer,
+    # all of it where nothing ran in flight (this rank's view, before the reduction).
+    tracker, stats = monitor.predictor, CommStats()
+    for call in tracker.profile.train_steady:
+        stats.add_seconds(call.key, call.direction, 0.0, in_flight=1e3)
+    hidden = tracker.step_seconds(stats).view(-1, 3)
+    bare = tracker.step_seconds().view(-1, 3)
+    terms = dict(hidden=hidden[:, 2].sum().item(), exchange=bare[:, 0].sum().item(),
+                 bare=(bare[:, 2] - bare[:, 0]).abs().max().item())
     monitor.on_fit_end(trainer, module)
     assert not any("_send" in ex.__dict__ or "_transfer_async" in ex.__dict__
                    for ex in engine.exchanges.values())  # unwrapped
     engine.detach()
     fitted = monitor.fitted_link.to_dict() if monitor.fitted_link is not None else None
-    return dict(epochs=epochs, fitted=fitted)
+    return dict(epochs=epochs, fitted=fitted, terms=terms)
 
 
 def _rank(rank, world_size, profiles, save_link):
@@ -175,12 +184,23 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
             assert logged["comm/predicted_exchange_s"] > 0, name
     for name in results[0]["monitored"]:
         # The same on every rank: the per-exchange maxima are reduced over ranks.
-        for figure in ("exchange_s", "step_exchange_s", "step_codec_s"):
+        for figure in ("exchange_s", "step_exchange_s", "step_codec_s", "step_exposed_s"):
             last = [r["monitored"][name]["epochs"][-1][f"comm/predicted_{figure}"]
                     for r in results]
             assert all(s == last[0] for s in last), (name, figure)
         logged = results[0]["monitored"][name]["epochs"][-1]
         assert logged["comm/predicted_step_exchange_s"] > 0, name
+        # Overlap: the part of the transfers the work in flight does not cover is exposed;
+        # without it (synchronous exchanges) all of it is.
+        exposed, exchange = (logged[f"comm/predicted_step_{f}_s"] for f in ("exposed",
+                                                                             "exchange"))
+        if "overlap" in name:
+            assert logged["comm/in_flight_s"] > 0 and 0 <= exposed < exchange, name
+        else:
+            assert logged["comm/in_flight_s"] == 0 and exposed == exchange, name
+        for r in results:
+            terms = r["monitored"][name]["terms"]
+            assert terms["exchange"] > 0 and terms["hidden"] == 0 and terms["bare"] == 0, name
         assert logged["comm/step_exchange_s"] + logged["comm/step_compute_s"] \
             == pytest.approx(logged["comm/step_s"]), name
         assert logged["comm/step_exchange_s"] <= logged["comm/exchange_s"], name

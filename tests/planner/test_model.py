@@ -176,3 +176,29 @@ def test_tracker_refuses_what_the_planner_does_not_model(policy, what):
     engine = SimpleNamespace(policy=policy)
     with pytest.warns(UserWarning, match=what):
         assert PredictionTracker.start(engine, link="calibrate") is None
+
+
+def test_tracker_measures_the_codec_a_link_from_a_file_lacks():
+    # A link loaded from a file (e.g. fitted to an exact run: the identity codec) gets the
+    # run's lossy codec's throughput measured at start; a link that has it is kept as it is.
+    import math
+
+    from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
+    from lightning_fullgraph.planner import LinkModel
+    from lightning_fullgraph.planner.tracker import PredictionTracker
+
+    from .conftest import partitions
+    _, parts = partitions(1)
+    fitted = LinkModel(alpha=1e-4, beta=1e8)
+    assert fitted.codec == "IdentityCodec" and math.isinf(fitted.codec_throughput)
+    engine = FullGraphEngine(parts[0], exchange=ExchangeConfig(codec="int2-compact"))
+    tracker = PredictionTracker.start(engine, link=fitted)
+    codec = next(c for c in engine.policy.codecs() if not c.lossless)
+    assert tracker.link.codec == type(codec).__name__ != "IdentityCodec"
+    assert 0 < tracker.link.codec_throughput < math.inf
+    assert (tracker.link.alpha, tracker.link.beta) == (fitted.alpha, fitted.beta)
+    tracker.close()
+    exact = FullGraphEngine(parts[0])
+    tracker = PredictionTracker.start(exact, link=fitted)
+    assert tracker.link is fitted
+    tracker.close()
