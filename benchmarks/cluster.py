@@ -238,6 +238,26 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 fit_s=summary["fit_seconds"], wall_s=summary["wall_s"])
 
 
+def median_repeats(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    r"""One row per model, configuration, rate, node count and seed: of its repeats, the one
+    whose step is the median (the lower of the middle two), with every repeat's step in
+    ``step_s_repeats``; rows without repeats are returned as they are."""
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for row in rows:
+        key = (row["model"], row["config"], row["rate"], row["nodes"], row.get("seed"))
+        groups.setdefault(key, []).append(row)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        ranked = sorted(group, key=lambda r: r["step_s"])
+        chosen = dict(ranked[(len(ranked) - 1) // 2])
+        chosen["step_s_repeats"] = [r["step_s"] for r in group]
+        out.append(chosen)
+    return out
+
+
 def _second_half_median(values: List[float]) -> Optional[float]:
     tail = values[len(values) // 2:]
     return statistics.median(tail) if tail else None
@@ -326,6 +346,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--plot", default=None)
     p.add_argument("--reference", default="post",
                    help="the configuration the ratios are against (default: post)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every job this many times, round-robin over the configurations, "
+                        "and keep the repeat with the median step (a shared host's slow "
+                        "spells fall on every configuration alike)")
     p.add_argument("--link-from", default=None, metavar="CONFIG",
                    help="predict on the link fitted to this configuration's exchanges (it runs "
                         "first for each model and seed, e.g. post+nooverlap: the link as "
@@ -362,25 +386,29 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"[cluster] {nodes} nodes, links {cluster.rate}, cpus per node "
                   f"{cluster.cpus or 'shared'}, dilation {cluster.dilation:g}", file=sys.stderr)
             with cluster:
-                for model in opts.models:
-                    for config in opts.configs:
-                        for seed in opts.seeds:
-                            port += 1
-                            print(f"[cluster] {model} {config} rate={rate} nodes={nodes} "
-                                  f"seed={seed} ...", file=sys.stderr, flush=True)
-                            fitted = links / f"{model}-{rate}-{nodes}-{seed}.json"
-                            source = config == opts.link_from
-                            summary = run_job(
-                                cluster, model, config, opts, seed, port,
-                                link=str(fitted) if fitted.exists() and not source else None,
-                                save_link=str(fitted) if source else None)
-                            rows.append(summarize(summary, model, config, rate, nodes, seed))
-                            if opts.link_from is not None and fitted.exists():
-                                rows[-1]["link"] = json.loads(fitted.read_text()) \
-                                    if source else f"fitted to {opts.link_from}"
-                            rows[-1]["dilation"] = cluster.dilation
-                            rows[-1]["node_cores"] = cluster.node_cores
+                # Repeats go round every configuration before the next starts: a slow spell
+                # of a shared host then falls on every configuration alike.
+                for repeat, model, config, seed in (
+                        (r, m, c, s) for m in opts.models for r in range(opts.repeats)
+                        for c in opts.configs for s in opts.seeds):
+                    port += 1
+                    print(f"[cluster] {model} {config} rate={rate} nodes={nodes} "
+                          f"seed={seed} repeat={repeat} ...", file=sys.stderr,
+                          flush=True)
+                    fitted = links / f"{model}-{rate}-{nodes}-{seed}.json"
+                    source = config == opts.link_from
+                    summary = run_job(
+                        cluster, model, config, opts, seed, port,
+                        link=str(fitted) if fitted.exists() and not source else None,
+                        save_link=str(fitted) if source else None)
+                    rows.append(summarize(summary, model, config, rate, nodes, seed))
+                    if opts.link_from is not None and fitted.exists():
+                        rows[-1]["link"] = json.loads(fitted.read_text()) \
+                            if source else f"fitted to {opts.link_from}"
+                    rows[-1]["dilation"] = cluster.dilation
+                    rows[-1]["node_cores"] = cluster.node_cores
     shutil.rmtree(links, ignore_errors=True)  # the fitted links are in the rows
+    rows = median_repeats(rows)
     derive(rows, opts.reference)
     print(table(rows))
     out = Path(opts.json_out) if opts.json_out else result_path("cluster", opts.out)

@@ -189,3 +189,14 @@ def test_cluster_planner_step_hides_what_runs_in_flight():
     derive(rows, "post")
     assert [r["predicted_step_s"] for r in rows] == [7.0, 3.25, 5.0, 8.5]
     assert rows[1]["predicted_vs_measured"] == 3.25 / 3.0
+
+
+def test_cluster_repeats_keep_the_median_step():
+    from benchmarks.cluster import median_repeats
+
+    def row(config, step):
+        return dict(model="gcn", rate="1gbit", nodes=4, seed=0, config=config, step_s=step)
+    rows = median_repeats([row("post", 0.4), row("int2", 0.3), row("post", 0.2),
+                           row("int2", 0.5), row("post", 0.3), row("hybrid", 0.1)])
+    assert [(r["config"], r["step_s"], r.get("step_s_repeats")) for r in rows] == [
+        ("post", 0.3, [0.4, 0.2, 0.3]), ("int2", 0.3, [0.3, 0.5]), ("hybrid", 0.1, None)]
