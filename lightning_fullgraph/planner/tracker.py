@@ -209,8 +209,9 @@ class PredictionTracker:
         seconds :math:`\max(0, t_x(c) - w(c))`: the part of the transfer that the work
         :math:`w(c)` the rank runs while it is in flight does not hide (overlap).
         :math:`w(c)` is measured, not predicted: the mean seconds between an asynchronous
-        exchange's start and the wait for it at the call's exchange point
-        (``in_flight_seconds`` of :obj:`stats`; 0 for a synchronous one).  Reduced with
+        exchange's start and the wait for it at the call's exchange point and direction, over
+        the epoch's exchanges there, evaluation's included (``in_flight_seconds`` of
+        :obj:`stats`; 0 for a synchronous one).  Reduced with
         ``MAX`` over ranks and summed over calls, the planner's step is
 
         .. math::
@@ -219,8 +220,8 @@ class PredictionTracker:
 
         with :math:`t_{compute}` measured (``comm/step_compute_s`` of a run without the
         reduction: the step without its blocked exchanges): a step cannot take less than the
-        link is busy, however much of it overlaps (the asynchronous pipeline's transfers,
-        which the step's gradient all-reduce on the same group waits for).
+        link is busy, however much of it overlaps (e.g. the asynchronous pipeline's
+        transfers, in flight from one step to the next).
 
         Args:
             stats (CommStats, optional): The engine's counters so far (the windows); without
