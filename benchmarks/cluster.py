@@ -370,6 +370,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             setattr(opts, key, value)
     for name in opts.configs:
         config_args(name)  # refuse unknown names before anything starts
+    if opts.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {opts.repeats}")
     if opts.link_from is not None:
         if opts.link_from not in opts.configs or _other_strategy(opts.link_from) is not None:
             p.error(f"--link-from {opts.link_from}: not a full-graph configuration of --configs")

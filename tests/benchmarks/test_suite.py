@@ -200,3 +200,8 @@ def test_cluster_repeats_keep_the_median_step():
                            row("int2", 0.5), row("post", 0.3), row("hybrid", 0.1)])
     assert [(r["config"], r["step_s"], r.get("step_s_repeats")) for r in rows] == [
         ("post", 0.3, [0.4, 0.2, 0.3]), ("int2", 0.3, [0.3, 0.5]), ("hybrid", 0.1, None)]
+
+
+def test_cluster_refuses_no_repeats():
+    proc = _run("cluster", "--repeats", "0")
+    assert proc.returncode == 2 and "--repeats must be at least 1, got 0" in proc.stderr
