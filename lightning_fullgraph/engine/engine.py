@@ -109,7 +109,12 @@ class FullGraphEngine:
         self.timeout = timeout
         self.aggregation = config.aggregation
         self.policy = config.policy()
-        self.transport = Transport(group, timeout=timeout, ranks_per_host=ranks_per_host)
+        # The pipeline's transfers, in flight from one step into the next, run on a second
+        # group of the same ranks, so that the step's gradient all-reduce, evaluation and
+        # the agreements do not queue behind them (see transport.py).  Created here, where
+        # every rank constructs its engine.
+        self.transport = Transport(group, timeout=timeout, ranks_per_host=ranks_per_host,
+                                   background=self.policy.pipeline is not None)
         self.exchanges = {mode: HaloExchange(partition.plan(mode), self.transport, self.policy,
                                              seed)
                           for mode in _modes(config.aggregation)}

@@ -140,7 +140,9 @@ class HaloExchange:
         r"""The exchange of a :class:`~lightning_fullgraph.partition.LocalPartition` in
         aggregation :obj:`mode` (``"post"``, ``"pre"`` or ``"hybrid"``)."""
         if transport is None:
-            transport = Transport(group, timeout=timeout)
+            # A pipeline's transfers get a group of their own (see transport.py).
+            pipelined = ExchangePolicy.of(policy).pipeline is not None
+            transport = Transport(group, timeout=timeout, background=pipelined)
         return cls(partition.plan(mode), transport, policy, seed)
 
     # -- properties --------------------------------------------------------------------------
@@ -376,9 +378,12 @@ class HaloExchange:
 
     def _transfer_async(self, flat: Tensor, send_counts: List[int], recv_counts: List[int],
                         key: str, direction: str,
-                        levels: Optional[Tuple[Tensor, Tensor]] = None, echo: bool = False):
+                        levels: Optional[Tuple[Tensor, Tensor]] = None, echo: bool = False,
+                        background: bool = False):
         r"""Starts a transfer; returns the function that completes and decodes it (and, with
-        :obj:`echo`, also the rows sent as the receivers will decode them, at once)."""
+        :obj:`echo`, also the rows sent as the receivers will decode them, at once).
+        :obj:`background`: the pipeline's, completed a step later, on the transport's
+        background group (other collectives do not queue behind it)."""
         codec: Codec = self.policy.codec(key, direction)
         ctx = self._context(key, direction, flat)
         self._record_wire(codec, flat, key, direction, levels)
@@ -390,12 +395,13 @@ class HaloExchange:
                 stream, codec.split_bytes(sent, send_counts, f),
                 codec.split_bytes(received_levels, recv_counts, f), key=key,
                 direction=direction, unit="bytes", rows=(sum(send_counts), sum(recv_counts)),
-                async_op=True)
+                async_op=True, background=background)
             finish = lambda: codec.decode_rows(pending.wait(), received_levels, ctx)  # noqa
             return (finish, codec.decode_rows(stream, sent, ctx)) if echo else finish
         wire = codec.encode(flat, ctx)
-        pending = self.transport.exchange(wire, send_counts, recv_counts,
-                                          key=key, direction=direction, async_op=True)
+        pending = self.transport.exchange(wire, send_counts, recv_counts, key=key,
+                                          direction=direction, async_op=True,
+                                          background=background)
         finish = lambda: codec.decode(pending.wait(), ctx)  # noqa: E731
         return (finish, codec.decode(wire, ctx)) if echo else finish
 
@@ -418,7 +424,7 @@ class HaloExchange:
         return self._pipelined(
             (channel, key, direction), (sum(recv_counts), flat.size(1)), pipeline,
             lambda: self._transfer_async(flat, send_counts, recv_counts, key, direction,
-                                         levels),
+                                         levels, background=True),
             lambda: self._transfer(flat, send_counts, recv_counts, key, direction, levels)[0],
             key, direction)
 
@@ -538,7 +544,7 @@ class HaloExchange:
 
         def start() -> Callable[[], Tensor]:
             finish = self._transfer_async(payload, sends_kept, recvs_kept, key, direction,
-                                          levels)
+                                          levels, background=True)
             return lambda: placed(finish())
 
         def now() -> Tensor:
@@ -651,7 +657,7 @@ class HaloExchange:
         sends, recvs = per_peer(sel, send_counts), per_peer(recv_sel, recv_counts)
         if asynchronous:
             started = self._transfer_async(payload, sends, recvs, key, direction, levels,
-                                           echo=not lossless)
+                                           echo=not lossless, background=True)
             finish, echoed = started if not lossless else (started, None)
         else:
             received, echoed = self._transfer(payload, sends, recvs, key, direction, levels,

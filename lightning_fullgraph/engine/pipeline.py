@@ -9,7 +9,11 @@ nothing older), and so is every exchange after :obj:`max_async_epochs` consecuti
 ones (the design spec's bound, §B1: SYLVIE leaves the number of async epochs unbounded), after
 which the chain restarts from the fresh rows.  A synchronous step first completes the transfer
 still in flight, so switching modes never loses or reorders a collective: each exchange point
-issues exactly one ``all_to_all`` per call in either mode, on every rank.
+issues exactly one ``all_to_all`` per call in either mode, on every rank.  The asynchronous
+transfers run on a process group of their own (the transport's background group, created with
+the engine): on the engine's group the step's gradient all-reduce and the evaluation's
+exchanges, issued after them, would wait for them to finish, and the transfer would overlap
+only the rest of the backward pass.
 
 Evaluation and prediction always exchange fresh rows synchronously.  Nothing of the pipeline
 is checkpointed: the first step after a resume is synchronous, as the first step of a run is.

@@ -9,10 +9,18 @@ Device rules: tensors stay on their device when the backend can move them (NCCL:
 CPU).  gloo with CUDA tensors is staged through host memory; half-precision rows travel as
 their bytes (uint8) on gloo (it has no int16, and its bf16/fp16 support is unreliable), bit
 for bit.
+
+Transfers that stay in flight beyond the collectives issued after them (the asynchronous
+pipeline's: started in one step, completed in the next) go on a second group of the same
+ranks, the *background* group, where the transport has one (``background=True``).  A process
+group runs its collectives in the order they were issued: on one group, the step's gradient
+all-reduce, the evaluation's exchanges and every agreement would each wait for the transfers
+still in flight, and the pipeline would hide nothing past the next collective.
 """
 import math
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -73,10 +81,15 @@ class Transport:
         ranks_per_host (int, optional): Processes per host, ranks numbered host-major (as
             Lightning numbers them across nodes): bytes to and from other hosts are also
             counted apart (default: one host).
+        background (bool): Create a second group of the same ranks for transfers that stay
+            in flight across other collectives (``exchange(..., background=True)``; see the
+            module docstring).  Creating it is collective: every rank of :obj:`group`
+            constructs its transport at the same point. (default: :obj:`False`)
     """
 
     def __init__(self, group: Optional[Any] = None, stats: Optional[CommStats] = None,
-                 timeout: Optional[Any] = None, ranks_per_host: Optional[int] = None) -> None:
+                 timeout: Optional[Any] = None, ranks_per_host: Optional[int] = None,
+                 background: bool = False) -> None:
         initialized = dist.is_available() and dist.is_initialized()
         self.group = group
         self.world_size = dist.get_world_size(group) if initialized else 1
@@ -90,12 +103,14 @@ class Transport:
         self.ranks_per_host = per
         # Peers on other hosts (group ranks; the group is assumed host-major like the world).
         self._remote = [r // per != self.rank // per for r in range(self.world_size)]
+        self.background_group = _sibling_group(group, timeout) \
+            if background and self.world_size > 1 else None
 
     # -- the one collective ---------------------------------------------------------------
     def exchange(self, send: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
                  *, key: str, direction: str, unit: str = "rows",
                  async_op: bool = False, rows: Optional[Sequence[int]] = None,
-                 out: Optional[Tensor] = None):
+                 out: Optional[Tensor] = None, background: bool = False):
         r"""Sends ``send`` split by :obj:`send_counts`, receives by :obj:`recv_counts`.
 
         Args:
@@ -112,6 +127,8 @@ class Transport:
                 contiguous tensor of the received shape and of ``send``'s dtype and device,
                 e.g. the tail of a larger buffer; the backend writes into it directly when
                 it takes the dtype as it is, else the rows are copied there.
+            background (bool): On the background group, where there is one (an
+                asynchronous transfer that other collectives must not queue behind).
 
         Returns:
             The received tensor, or a :class:`PendingExchange` if :obj:`async_op`.
@@ -152,8 +169,10 @@ class Transport:
         if self.world_size > 1:
             with guarded(f"halo exchange '{key}' ({direction})", self.rank, self._peers(
                     send_counts, recv_counts), self.timeout):
+                group = self.background_group if background \
+                    and self.background_group is not None else self.group
                 work = dist.all_to_all_single(recv, wire, output_split_sizes=recv_counts,
-                                              input_split_sizes=send_counts, group=self.group,
+                                              input_split_sizes=send_counts, group=group,
                                               async_op=async_op)
         elif n_recv:
             recv.copy_(wire)  # one process: what it sends is what it receives
@@ -208,6 +227,19 @@ class Transport:
     def _peers(self, send_counts: List[int], recv_counts: List[int]) -> List[int]:
         return [r for r in range(self.world_size)
                 if r != self.rank and (send_counts[r] > 0 or recv_counts[r] > 0)]
+
+
+def _sibling_group(group: Optional[Any], timeout: Optional[Any]) -> Any:
+    r"""A new process group of :obj:`group`'s ranks and backend (collective over them)."""
+    kwargs: dict = dict(backend=dist.get_backend(group))
+    if timeout is not None:
+        kwargs["timeout"] = timeout if isinstance(timeout, timedelta) \
+            else timedelta(seconds=float(timeout))
+    ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+    if len(ranks) == dist.get_world_size():
+        return dist.new_group(**kwargs)
+    # A subgroup: only its ranks take part (the others never construct this transport).
+    return dist.new_group(ranks=ranks, use_local_synchronization=True, **kwargs)
 
 
 class _Timer:

@@ -128,3 +128,40 @@ def test_a_cache_carried_by_the_pipeline_keeps_both_ends_alike():
     for rank, errors in enumerate(run_distributed(_cached_pipeline_converges, 3, 10)):
         assert max(errors[1:4]) > 0, (rank, errors)  # stale (and cached) while rows move
         assert errors[-1] == 0.0 and errors[-2] == 0.0, (rank, errors)
+
+
+def _collective_behind_transfer(rank, world_size):
+    import torch.distributed as dist
+    from datetime import timedelta
+    data = skewed_graph(num_nodes=100, num_features=F)
+    parts = metis_partition(data.edge_index, data.num_nodes, world_size, seed=0)
+    part = build_local_partitions(data, parts)[rank]
+    # A short timeout: were the all-reduce below queued behind the transfer, the ranks would
+    # wait for each other until it expires (a deadlock), and the test fail.
+    group = dist.new_group(timeout=timedelta(seconds=20))
+    engine = FullGraphEngine(part, group, exchange=ExchangeConfig(
+        pipeline="async", aggregation="post", step_aside=False))
+    ex = engine.exchange
+    total = torch.ones(1)
+    for step in range(3):
+        ex.step = step
+        # From step 1 (asynchronous; step 0 is synchronous: nothing older) rank 1 reduces
+        # before it starts its transfer, rank 0 after, while its transfer is in flight
+        # waiting for rank 1's.
+        first = rank == 1 and step > 0
+        if first:
+            dist.all_reduce(total, group=group)
+        layer_exchange(ex, _value(step, part.owned_ids))
+        if not first:
+            dist.all_reduce(total, group=group)
+    engine.drain()
+    return float(total), engine.transport.background_group is not None
+
+
+@pytest.mark.multiprocess
+def test_a_collective_does_not_wait_for_the_pipelines_transfer_in_flight():
+    # The step's gradient all-reduce, evaluation and agreements run on the engine's group
+    # while the pipeline's transfer is in flight: the transfer runs on a group of its own.
+    for total, background in run_distributed(_collective_behind_transfer, 2, timeout_s=120):
+        assert background
+        assert total == 2.0 ** 3

@@ -56,6 +56,7 @@ def _counter(stats, key, direction="forward"):
 
 def _p3(rank, group):
     r"""The P=3 battery of rank :obj:`rank` of :obj:`group`; returns plain values."""
+    import torch.distributed as dist
     t = Transport(group, timeout=timedelta(seconds=60))
     assert (t.world_size, t.rank, t.backend) == (3, rank, "gloo")
     out = {}
@@ -163,6 +164,19 @@ def _p3(rank, group):
     # The group still works after the refused calls.
     out["after_errors"] = torch.equal(
         t.exchange(send, send_counts, recv_counts, key="rows", direction="forward"), got)
+
+    # A background group (the pipeline's) of the subgroup's ranks only: rank 3 of the world
+    # takes no part in creating it.  A synchronous exchange on the main group runs while the
+    # background transfer is in flight, and both deliver.
+    bg = Transport(group, timeout=timedelta(seconds=60), background=True)
+    pending = bg.exchange(send, send_counts, recv_counts, key="bg", direction="forward",
+                          async_op=True, background=True)
+    now = bg.exchange(send, send_counts, recv_counts, key="rows", direction="forward")
+    out["background"] = dict(
+        group=(bg.background_group is not None and bg.background_group is not group
+               and sorted(dist.get_process_group_ranks(bg.background_group)) == [0, 1, 2]),
+        equal=torch.equal(pending.wait(), got) and torch.equal(now, got),
+        counted=_counter(bg.stats, "bg")["bytes_sent"] == out["rows_counter"]["bytes_sent"])
     return out
 
 
@@ -229,6 +243,12 @@ def test_async_exchange_equals_sync(job):
         assert asyn["calls"] == 1  # waited twice, counted once
         for k in ("bytes_sent", "bytes_received", "rows_sent", "rows_received"):
             assert asyn[k] == sync[k]
+
+
+@pytest.mark.multiprocess
+def test_background_transfers_run_on_a_group_of_their_own(job):
+    for rank in range(3):
+        assert job[rank]["p3"]["background"] == dict(group=True, equal=True, counted=True)
 
 
 @pytest.mark.multiprocess
