@@ -15,7 +15,8 @@ exchanges of another configuration's run (``--link-from post+nooverlap``: the li
 meets it), it also records the planner's step and its ratio to the measured step: the
 reference run's measured compute (its training step without its blocked exchanges) plus the
 configuration's predicted exchange seconds that the work it runs while they are in flight
-does not hide (measured windows; no less than the link is busy per step), plus its codec's
+does not hide (measured windows; no less than the link is busy with the transfers the step
+waits for: the asynchronous pipeline's run into the next step), plus its codec's
 (:meth:`~lightning_fullgraph.planner.tracker.PredictionTracker.step_seconds`).
 
 Usage::
@@ -196,14 +197,18 @@ def derive(rows: List[Dict[str, Any]], reference: str = "post") -> None:
         row["step_vs_post"] = row["step_s"] / base["step_s"] if base["step_s"] else None
         # The planner's step: the reference run's measured compute (its step without its
         # blocked exchanges) plus this configuration's predicted exchange seconds that the
-        # work in flight does not hide (no less than the link is busy), plus its codec's.
+        # work in flight does not hide (no less than the link is busy with the transfers the
+        # step waits for), plus its codec's.
         compute = base.get("step_compute_s")
         if compute is not None and row.get("predicted_exchange_s") is not None:
             exchange = row["predicted_exchange_s"]
             exposed = row.get("predicted_exposed_s")
             codec = row.get("predicted_codec_s") or 0.0
+            # The link's busy time the step waits for (older results: every exchange).
+            link = row.get("predicted_link_s")
+            link = exchange if link is None else link
             row["predicted_step_s"] = codec + (compute + exchange if exposed is None
-                                               else max(compute + exposed, exchange))
+                                               else max(compute + exposed, link))
             row["predicted_vs_measured"] = row["predicted_step_s"] / row["step_s"] \
                 if row["step_s"] else None
         best = max(acc for _, _, acc in base["val_trace"]) if base["val_trace"] else None
@@ -233,6 +238,7 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 predicted_exchange_s=summary.get("predicted_step_exchange_seconds"),
                 predicted_codec_s=summary.get("predicted_step_codec_seconds"),
                 predicted_exposed_s=summary.get("predicted_step_exposed_seconds"),
+                predicted_link_s=summary.get("predicted_step_link_seconds"),
                 sent_MB=summary["comm_MB_per_epoch_per_rank"],
                 test_acc=summary["test_acc"], val_trace=summary["val_trace"],
                 fit_s=summary["fit_seconds"], wall_s=summary["wall_s"])

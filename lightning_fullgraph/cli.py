@@ -705,6 +705,7 @@ def _train(args) -> int:
         "predicted_step_exchange_seconds": last.get("comm/predicted_step_exchange_s"),
         "predicted_step_codec_seconds": last.get("comm/predicted_step_codec_s"),
         "predicted_step_exposed_seconds": last.get("comm/predicted_step_exposed_s"),
+        "predicted_step_link_seconds": last.get("comm/predicted_step_link_s"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }
     if trainer.global_rank == 0:

@@ -66,8 +66,10 @@ class CommunicationMonitor(Callback):
     per exchange, latency per peer plus the busiest rank's bytes over the bandwidth), and for
     one steady training step ``comm/predicted_step_exchange_s``,
     ``comm/predicted_step_codec_s`` (encoding and decoding at the link's measured codec
-    throughput) and ``comm/predicted_step_exposed_s`` (per exchange, the part of its predicted
-    seconds longer than the work measured to run while it is in flight): with the step's
+    throughput), ``comm/predicted_step_exposed_s`` (per exchange, the part of its predicted
+    seconds longer than the work measured to run while it is in flight) and
+    ``comm/predicted_step_link_s`` (the exchange seconds of the transfers the step waits for:
+    the asynchronous pipeline's run into the next step): with the step's
     compute (``comm/step_compute_s``, the training step without its blocked exchanges,
     measured), they are the planner's step time
     (:meth:`~lightning_fullgraph.planner.tracker.PredictionTracker.step_seconds`).  The
@@ -314,10 +316,11 @@ class CommunicationMonitor(Callback):
             metrics["comm/predicted_exchange_s"] = \
                 peak[len(names):len(names) + len(call_seconds)].sum().item()
             start = len(names) + len(call_seconds)
-            step = peak[start:start + len(step_seconds)].view(-1, 3).sum(0).tolist()
+            step = peak[start:start + len(step_seconds)].view(-1, 4).sum(0).tolist()
             metrics["comm/predicted_step_exchange_s"] = step[0]
             metrics["comm/predicted_step_codec_s"] = step[1]
             metrics["comm/predicted_step_exposed_s"] = step[2]
+            metrics["comm/predicted_step_link_s"] = step[3]
         if observed is not None:
             fitted = self.predictor.observe(peak[len(peak) - len(observed):])
             if fitted is not None:

@@ -20,6 +20,10 @@ class ExchangeCounter:
     # work that ran while the rows were in flight (what overlap can hide the transfer behind).
     in_flight_seconds: float = 0.0
     waits: int = 0  # asynchronous exchanges waited for (those in_flight_seconds counts)
+    # Of which background ones (the pipeline's: completed in a later step, their transfers
+    # need not end within the step that started them), and their seconds in flight.
+    background_waits: int = 0
+    background_in_flight_seconds: float = 0.0
     inter_host_bytes_sent: int = 0  # the part of bytes_sent that went to other hosts
     inter_host_bytes_received: int = 0
     rows_eligible: int = 0  # rows a cached exchange could have sent
@@ -46,6 +50,8 @@ class ExchangeCounter:
         self.seconds += other.seconds
         self.in_flight_seconds += other.in_flight_seconds
         self.waits += other.waits
+        self.background_waits += other.background_waits
+        self.background_in_flight_seconds += other.background_in_flight_seconds
 
 
 @dataclass
@@ -74,13 +80,17 @@ class CommStats:
         c.seconds += seconds
 
     def add_seconds(self, key: str, direction: str, seconds: float,
-                    in_flight: float = 0.0) -> None:
+                    in_flight: float = 0.0, background: bool = False) -> None:
         r"""Time spent waiting for an asynchronous exchange already recorded, and the time
-        the caller worked between its start and that wait (:obj:`in_flight`)."""
+        the caller worked between its start and that wait (:obj:`in_flight`);
+        :obj:`background`: a transfer that was in flight into a later step (the pipeline's)."""
         c = self.counters[(key, direction)]
         c.seconds += seconds
         c.in_flight_seconds += in_flight
         c.waits += 1
+        if background:
+            c.background_waits += 1
+            c.background_in_flight_seconds += in_flight
 
     def record_cache(self, key: str, direction: str, *, eligible: int, skipped: int) -> None:
         r"""Rows an adaptive-cache exchange could have sent, and how many it skipped."""

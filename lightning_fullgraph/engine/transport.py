@@ -195,7 +195,8 @@ class Transport:
                               inter_host_bytes_received=inter_received)
 
             def exposed(waited: float, in_flight: float) -> None:
-                self.stats.add_seconds(key, direction, waited, in_flight=in_flight)
+                self.stats.add_seconds(key, direction, waited, in_flight=in_flight,
+                                       background=background)
             return PendingExchange(recv, work, finish, None, on_wait=exposed)
         received = PendingExchange(recv, None, finish, record).wait()
         if out is not None and received is not out:

@@ -211,38 +211,59 @@ class PredictionTracker:
         :math:`w(c)` is measured, not predicted: the mean seconds between an asynchronous
         exchange's start and the wait for it at the call's exchange point and direction, over
         the epoch's exchanges there, evaluation's included (``in_flight_seconds`` of
-        :obj:`stats`; 0 for a synchronous one).  Reduced with
-        ``MAX`` over ranks and summed over calls, the planner's step is
+        :obj:`stats`; 0 for a synchronous one).  Reduced with ``MAX`` over ranks and summed
+        over calls, the planner's step is
 
         .. math::
-            \max\Big(t_{compute} + \sum_c t_{exposed}(c),\ \sum_c t_x(c)\Big)
+            \max\Big(t_{compute} + \sum_c t_{exposed}(c),\ \sum_{c\ in\ step} t_x(c)\Big)
             + \sum_c t_q(c)
 
         with :math:`t_{compute}` measured (``comm/step_compute_s`` of a run without the
         reduction: the step without its blocked exchanges): a step cannot take less than the
-        link is busy, however much of it overlaps (e.g. the asynchronous pipeline's
-        transfers, in flight from one step to the next).
+        link is busy with the transfers it waits for, however much of them overlaps.
+
+        Background transfers (the asynchronous pipeline's, in flight from one step into the
+        next on a process group of their own) need not end within the step: they are left
+        out of the link term, and share one window, the mean seconds :math:`\bar w` from
+        their start to the wait for them a step later: the step is exposed only to the
+        backlog :math:`\max(0, \sum_{c\ bg} t_x(c) - \bar w)` a link too slow for them
+        builds up, split over those calls in proportion to :math:`t_x(c)`.
 
         Args:
             stats (CommStats, optional): The engine's counters so far (the windows); without
                 them nothing counts as hidden.
 
         Returns:
-            torch.Tensor or None: float64 ``[3 * calls]``, ``(exchange, codec, exposed)`` per
-            call of :attr:`~.profile.ExchangeProfile.train_steady` in its order (the same on
-            every rank), or ``None`` without a link model.
+            torch.Tensor or None: float64 ``[4 * calls]``, ``(exchange, codec, exposed,
+            in step)`` per call of :attr:`~.profile.ExchangeProfile.train_steady` in its order
+            (the same on every rank; ``in step``: the exchange seconds the step must wait
+            for, 0 for a background transfer), or ``None`` without a link model.
         """
         if self.link is None:
             return None
         model = CommunicationModel(self.profile, self.link)
         counters = getattr(stats, "counters", {}) if stats is not None else {}
-        out: List[float] = []
+        rows: List[List[float]] = []
+        background: List[int] = []
+        windows: List[float] = []
         for call in self.profile.train_steady:
             exchange, codec = model.call_seconds(call, self.counts)
             c = counters.get((call.key, call.direction))
-            window = c.in_flight_seconds / c.waits if c is not None and c.waits else 0.0
-            out += [exchange, codec, max(0.0, exchange - window)]
-        return torch.tensor(out, dtype=torch.float64)
+            if c is not None and c.background_waits:
+                background.append(len(rows))
+                windows.append(c.background_in_flight_seconds / c.background_waits)
+                rows.append([exchange, codec, 0.0, 0.0])
+                continue
+            waits = c.waits - c.background_waits if c is not None else 0
+            window = (c.in_flight_seconds - c.background_in_flight_seconds) / waits \
+                if waits else 0.0
+            rows.append([exchange, codec, max(0.0, exchange - window), exchange])
+        if background:
+            total = sum(rows[i][0] for i in background)
+            backlog = max(0.0, total - sum(windows) / len(windows))
+            for i in background:
+                rows[i][2] = rows[i][0] * backlog / total if total else 0.0
+        return torch.tensor([v for row in rows for v in row], dtype=torch.float64)
 
     # -- the link as training meets it ------------------------------------------------------
     def observation_vector(self, stats: Any) -> Tensor:

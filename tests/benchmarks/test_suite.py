@@ -174,7 +174,8 @@ def test_curate_a_fourd_result():
 
 def test_cluster_planner_step_hides_what_runs_in_flight():
     # The planner's step: the reference's compute plus the exposed exchange, no less than the
-    # link is busy, plus the codec; a result without exposed seconds (older) hides nothing.
+    # link is busy with what the step waits for, plus the codec; a result without exposed
+    # seconds (older) hides nothing.
     from benchmarks.cluster import derive
 
     def row(config, step, **kw):
@@ -185,9 +186,12 @@ def test_cluster_planner_step_hides_what_runs_in_flight():
             row("int2c", 3.0, predicted_exchange_s=0.5, predicted_exposed_s=0.0,
                 predicted_codec_s=0.25),
             row("pipeline", 6.0, predicted_exchange_s=5.0, predicted_exposed_s=0.0),
+            # Background transfers (into the next step): not in the link the step waits for.
+            row("pipeline-bg", 3.5, predicted_exchange_s=5.0, predicted_exposed_s=0.5,
+                predicted_link_s=0.0),
             row("old", 8.0, predicted_exchange_s=5.0, predicted_codec_s=0.5)]
     derive(rows, "post")
-    assert [r["predicted_step_s"] for r in rows] == [7.0, 3.25, 5.0, 8.5]
+    assert [r["predicted_step_s"] for r in rows] == [7.0, 3.25, 5.0, 3.5, 8.5]
     assert rows[1]["predicted_vs_measured"] == 3.25 / 3.0
 
 

@@ -97,10 +97,21 @@ def _monitor(part, kind, mode, num_features, profile, link, save_link=None, over
     tracker, stats = monitor.predictor, CommStats()
     for call in tracker.profile.train_steady:
         stats.add_seconds(call.key, call.direction, 0.0, in_flight=1e3)
-    hidden = tracker.step_seconds(stats).view(-1, 3)
-    bare = tracker.step_seconds().view(-1, 3)
+    hidden = tracker.step_seconds(stats).view(-1, 4)
+    bare = tracker.step_seconds().view(-1, 4)
     terms = dict(hidden=hidden[:, 2].sum().item(), exchange=bare[:, 0].sum().item(),
-                 bare=(bare[:, 2] - bare[:, 0]).abs().max().item())
+                 bare=(bare[:, 2] - bare[:, 0]).abs().max().item(),
+                 bare_link=bare[:, 3].sum().item(), hidden_link=hidden[:, 3].sum().item())
+    # Background transfers (the pipeline's, waited for a step later): out of the link term;
+    # exposed only to the backlog of a link slower than their shared window.
+    ahead, behind = CommStats(), CommStats()
+    for call in tracker.profile.train_steady:
+        ahead.add_seconds(call.key, call.direction, 0.0, in_flight=1e3, background=True)
+        behind.add_seconds(call.key, call.direction, 0.0, in_flight=0.0, background=True)
+    ahead = tracker.step_seconds(ahead).view(-1, 4)
+    behind = tracker.step_seconds(behind).view(-1, 4)
+    terms.update(ahead_exposed=ahead[:, 2].sum().item(), ahead_link=ahead[:, 3].sum().item(),
+                 behind_exposed=behind[:, 2].sum().item(), behind_link=behind[:, 3].sum().item())
     monitor.on_fit_end(trainer, module)
     assert not any("_send" in ex.__dict__ or "_transfer_async" in ex.__dict__
                    for ex in engine.exchanges.values())  # unwrapped
@@ -201,6 +212,12 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
         for r in results:
             terms = r["monitored"][name]["terms"]
             assert terms["exchange"] > 0 and terms["hidden"] == 0 and terms["bare"] == 0, name
+            # Transfers the step waits for all count in its link term, hidden or not.
+            assert terms["bare_link"] == terms["hidden_link"] == pytest.approx(
+                terms["exchange"]), name
+            assert terms["ahead_exposed"] == terms["ahead_link"] == 0, name
+            assert terms["behind_link"] == 0, name
+            assert terms["behind_exposed"] == pytest.approx(terms["exchange"]), name
         assert logged["comm/step_exchange_s"] + logged["comm/step_compute_s"] \
             == pytest.approx(logged["comm/step_s"]), name
         assert logged["comm/step_exchange_s"] <= logged["comm/exchange_s"], name
