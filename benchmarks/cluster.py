@@ -13,7 +13,8 @@ to 95 % of the exact run's best validation accuracy.  With the link calibrated a
 fit start (``train --link calibrate``; ``--no-predict`` skips it), or fitted to the
 exchanges of another configuration's run (``--link-from post+nooverlap``: the link as training
 meets it), it also records the planner's step and its ratio to the measured step: the
-reference run's measured compute (its training step without its blocked exchanges) plus the
+reference run's measured compute (its training step without its blocked exchanges, the least
+over ranks: the others also wait at the gradient all-reduce for the last to arrive) plus the
 configuration's predicted exchange seconds that the work it runs while they are in flight
 does not hide (measured windows; no less than the link is busy with the transfers the step
 waits for: the asynchronous pipeline's run into the next step), plus its codec's
@@ -196,10 +197,13 @@ def derive(rows: List[Dict[str, Any]], reference: str = "post") -> None:
         base = (same_seed or ref)[0]
         row["step_vs_post"] = row["step_s"] / base["step_s"] if base["step_s"] else None
         # The planner's step: the reference run's measured compute (its step without its
-        # blocked exchanges) plus this configuration's predicted exchange seconds that the
+        # blocked exchanges, least over ranks: rank 0's own also counts its wait at the
+        # gradient all-reduce for a rank whose exchange took longer; older results have
+        # rank 0's only) plus this configuration's predicted exchange seconds that the
         # work in flight does not hide (no less than the link is busy with the transfers the
         # step waits for), plus its codec's.
-        compute = base.get("step_compute_s")
+        compute = base.get("step_compute_min_s")
+        compute = base.get("step_compute_s") if compute is None else compute
         if compute is not None and row.get("predicted_exchange_s") is not None:
             exchange = row["predicted_exchange_s"]
             exposed = row.get("predicted_exposed_s")
@@ -235,6 +239,7 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 compute_s=summary["compute_s_per_epoch"],
                 step_exchange_s=summary.get("train_step_exchange_seconds"),
                 step_compute_s=summary.get("train_step_compute_seconds"),
+                step_compute_min_s=summary.get("train_step_compute_seconds_min"),
                 predicted_exchange_s=summary.get("predicted_step_exchange_seconds"),
                 predicted_codec_s=summary.get("predicted_step_codec_seconds"),
                 predicted_exposed_s=summary.get("predicted_step_exposed_seconds"),

@@ -701,6 +701,9 @@ def _train(args) -> int:
         # The training steps alone (rank 0, median over epochs): exchange and the rest.
         "train_step_exchange_seconds": _median_step(callbacks, "comm/step_exchange_s"),
         "train_step_compute_seconds": _median_step(callbacks, "comm/step_compute_s"),
+        # The least over ranks (median over epochs): without the wait at the gradient
+        # all-reduce for the rank that arrived last.
+        "train_step_compute_seconds_min": _median_step(callbacks, "comm/step_compute_s_min"),
         # The planner's step terms on --link (last epoch: the calls are recorded by then).
         "predicted_step_exchange_seconds": last.get("comm/predicted_step_exchange_s"),
         "predicted_step_codec_seconds": last.get("comm/predicted_step_codec_s"),

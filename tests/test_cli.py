@@ -90,6 +90,9 @@ def test_train_json_on_two_processes(tmp_path):
     assert summary["predicted_step_codec_seconds"] == 0.0
     assert 0 < summary["train_step_exchange_seconds"] < summary["train_step_seconds"]
     assert 0 < summary["train_step_compute_seconds"] < summary["train_step_seconds"]
+    # The least over ranks, per epoch, then the median: no more than rank 0's own.
+    assert 0 < summary["train_step_compute_seconds_min"] \
+        <= summary["train_step_compute_seconds"]
     assert summary["huge_pages"] is False  # an opt-in (--huge-pages on): nothing global
 
 

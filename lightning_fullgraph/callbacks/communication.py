@@ -26,7 +26,9 @@ class CommunicationMonitor(Callback):
     the exchange), ``comm/compute_s`` (rest of the training step), ``comm/step_s``
     (the whole training step: forward, backward, optimizer), ``comm/step_exchange_s`` and
     ``comm/step_compute_s`` (the training steps' own exchange and the rest; ``exchange_s``
-    also counts validation's forward exchanges), ``comm/in_flight_s`` (seconds the rank
+    also counts validation's forward exchanges), ``comm/step_compute_s_min`` (the least
+    ``step_compute_s`` over ranks: that of the rank that reached the gradient all-reduce
+    last; the others' include their wait there for it), ``comm/in_flight_s`` (seconds the rank
     worked between starting an asynchronous exchange and waiting for it: what overlap hides
     the transfers behind), and per layer
     ``comm/layer/<name>_MB``, and ``comm/bits``, the mean bits per feature of the forward rows
@@ -262,6 +264,10 @@ class CommunicationMonitor(Callback):
             "comm/step_exchange_s": self._step_exchange,
             "comm/step_compute_s": max(0.0, self._step_seconds - self._step_exchange),
         }
+        # Negated, so that the MAX below gives the least over ranks: the rank that reached
+        # the gradient all-reduce last; every other rank counts its wait there for that one
+        # (for its exchange's larger share, say) as compute.
+        local["comm/_neg_step_compute_s"] = -local["comm/step_compute_s"]
         if total.rows_eligible:
             # The adaptive halo cache: the share of the rows it could have sent that the
             # receivers' cached copies served; also per direction (rows, gradients).
@@ -309,6 +315,9 @@ class CommunicationMonitor(Callback):
         metrics = dict(zip(names, mean.tolist()))
         metrics["comm/sent_MB_max"] = peak[names.index("comm/sent_MB")].item()
         metrics["comm/exchange_s_max"] = peak[names.index("comm/exchange_s")].item()
+        metrics.pop("comm/_neg_step_compute_s")
+        metrics["comm/step_compute_s_min"] = \
+            -peak[names.index("comm/_neg_step_compute_s")].item()
         if "comm/predicted_sent_MB" in names:
             metrics["comm/predicted_sent_MB_max"] = \
                 peak[names.index("comm/predicted_sent_MB")].item()
@@ -343,7 +352,10 @@ class CommunicationMonitor(Callback):
             metrics["comm/async"] = stale / pipelined if pipelined > 0 else 0.0
         lossy = not engine.policy.lossless
         self.last = metrics
-        self.history.append(dict(local))
+        mine = {n: v for n, v in local.items() if n != "comm/_neg_step_compute_s"}
+        # The least over ranks (the same on every rank) next to this rank's own figures.
+        mine["comm/step_compute_s_min"] = metrics["comm/step_compute_s_min"]
+        self.history.append(mine)
         self._reduced.append(dict(metrics))
         for name, value in metrics.items():
             shown = name == "comm/sent_MB" or (lossy and name in ("comm/bits", "comm/async"))

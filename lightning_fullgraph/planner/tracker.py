@@ -218,8 +218,8 @@ class PredictionTracker:
             \max\Big(t_{compute} + \sum_c t_{exposed}(c),\ \sum_{c\ in\ step} t_x(c)\Big)
             + \sum_c t_q(c)
 
-        with :math:`t_{compute}` measured (``comm/step_compute_s`` of a run without the
-        reduction: the step without its blocked exchanges): a step cannot take less than the
+        with :math:`t_{compute}` measured (``comm/step_compute_s_min`` of a run without the
+        reduction: the step without its blocked exchanges, least over ranks): a step cannot take less than the
         link is busy with the transfers it waits for, however much of them overlaps.
 
         Background transfers (the asynchronous pipeline's, in flight from one step into the

@@ -193,6 +193,11 @@ def test_cluster_planner_step_hides_what_runs_in_flight():
     derive(rows, "post")
     assert [r["predicted_step_s"] for r in rows] == [7.0, 3.25, 5.0, 3.5, 8.5]
     assert rows[1]["predicted_vs_measured"] == 3.25 / 3.0
+    # The reference's least compute over ranks where the result has it (rank 0's own also
+    # counts its wait at the gradient all-reduce for a slower rank).
+    rows[0]["step_compute_min_s"] = 2.5
+    derive(rows, "post")
+    assert [r["predicted_step_s"] for r in rows] == [6.5, 2.75, 5.0, 3.0, 8.0]
 
 
 def test_cluster_repeats_keep_the_median_step():

@@ -117,7 +117,8 @@ def _monitor(part, kind, mode, num_features, profile, link, save_link=None, over
                    for ex in engine.exchanges.values())  # unwrapped
     engine.detach()
     fitted = monitor.fitted_link.to_dict() if monitor.fitted_link is not None else None
-    return dict(epochs=epochs, fitted=fitted, terms=terms)
+    own = [h["comm/step_compute_s"] for h in monitor.history]  # this rank's, per epoch
+    return dict(epochs=epochs, fitted=fitted, terms=terms, own_compute=own)
 
 
 def _rank(rank, world_size, profiles, save_link):
@@ -221,6 +222,13 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
         assert logged["comm/step_exchange_s"] + logged["comm/step_compute_s"] \
             == pytest.approx(logged["comm/step_s"]), name
         assert logged["comm/step_exchange_s"] <= logged["comm/exchange_s"], name
+        # The least compute over ranks (the planner's compute: the others' includes their
+        # wait at the gradient all-reduce), the same on every rank, each epoch.
+        for epoch, own in enumerate(zip(*(r["monitored"][name]["own_compute"]
+                                          for r in results))):
+            least = [r["monitored"][name]["epochs"][epoch]["comm/step_compute_s_min"]
+                     for r in results]
+            assert least == [min(own)] * len(results), (name, epoch)
     if results[0]["monitored"]:
         # The step's terms are the planner's for one steady training step on the given link
         # (the identity codec's throughput as calibrated); with a calibrated link and no
