@@ -219,8 +219,9 @@ class PredictionTracker:
             + \sum_c t_q(c)
 
         with :math:`t_{compute}` measured (``comm/step_compute_s_min`` of a run without the
-        reduction: the step without its blocked exchanges, least over ranks): a step cannot take less than the
-        link is busy with the transfers it waits for, however much of them overlaps.
+        reduction: the step without its blocked exchanges, least over ranks): a step cannot
+        take less than the link is busy with the transfers it waits for, however much of them
+        overlaps.
 
         Background transfers (the asynchronous pipeline's, in flight from one step into the
         next on a process group of their own) need not end within the step: they are left
