@@ -14,11 +14,13 @@ fit start (``train --link calibrate``; ``--no-predict`` skips it), or fitted to 
 exchanges of another configuration's run (``--link-from post+nooverlap``: the link as training
 meets it), it also records the planner's step and its ratio to the measured step: the
 reference run's measured compute (its training step without its blocked exchanges, the least
-over ranks: the others also wait at the gradient all-reduce for the last to arrive) plus the
+over ranks: the others also wait at the gradient all-reduce for the last to arrive), slowed
+by the transfers the configuration keeps in flight beside it (the link's calibrated
+contention, taken out of the reference's first), plus the
 configuration's predicted exchange seconds that the work it runs while they are in flight
 does not hide (measured windows; no less than the link is busy with the transfers the step
 waits for: the asynchronous pipeline's run into the next step), plus its codec's
-(:meth:`~lightning_fullgraph.planner.tracker.PredictionTracker.step_seconds`).
+(:func:`~lightning_fullgraph.planner.predicted_step_seconds`).
 
 Usage::
 
@@ -71,6 +73,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from lightning_fullgraph.cluster import EmulatedCluster
+from lightning_fullgraph.planner.step import predicted_step_seconds
 
 from ._common import REPO, add_out_argument, result_path
 
@@ -196,23 +199,27 @@ def derive(rows: List[Dict[str, Any]], reference: str = "post") -> None:
         same_seed = [r for r in ref if r.get("seed") == row.get("seed")]
         base = (same_seed or ref)[0]
         row["step_vs_post"] = row["step_s"] / base["step_s"] if base["step_s"] else None
-        # The planner's step: the reference run's measured compute (its step without its
-        # blocked exchanges, least over ranks: rank 0's own also counts its wait at the
-        # gradient all-reduce for a rank whose exchange took longer; older results have
-        # rank 0's only) plus this configuration's predicted exchange seconds that the
-        # work in flight does not hide (no less than the link is busy with the transfers the
-        # step waits for), plus its codec's.
+        # The planner's step (lightning_fullgraph.planner.predicted_step_seconds): the
+        # reference run's measured compute (its step without its blocked exchanges, least over
+        # ranks: rank 0's own also counts its wait at the gradient all-reduce for a rank whose
+        # exchange took longer; older results have rank 0's only), taken back to no transfer in
+        # flight and slowed by this configuration's (the link's contention; older results: 0),
+        # plus this configuration's predicted exchange seconds that the work in flight does
+        # not hide (no less than the link is busy with the transfers the step waits for), plus
+        # its codec's.
         compute = base.get("step_compute_min_s")
         compute = base.get("step_compute_s") if compute is None else compute
         if compute is not None and row.get("predicted_exchange_s") is not None:
-            exchange = row["predicted_exchange_s"]
             exposed = row.get("predicted_exposed_s")
-            codec = row.get("predicted_codec_s") or 0.0
-            # The link's busy time the step waits for (older results: every exchange).
-            link = row.get("predicted_link_s")
-            link = exchange if link is None else link
-            row["predicted_step_s"] = codec + (compute + exchange if exposed is None
-                                               else max(compute + exposed, link))
+            ref_exchange, ref_exposed = base.get("predicted_exchange_s"), \
+                base.get("predicted_exposed_s")
+            row["predicted_step_s"] = predicted_step_seconds(
+                compute, row["predicted_exchange_s"], exposed,
+                # The link's busy time the step waits for (older results: every exchange).
+                row.get("predicted_link_s"), row.get("predicted_codec_s") or 0.0,
+                contention=row.get("link_contention") or 0.0,
+                reference_hidden=(ref_exchange - ref_exposed) if ref_exposed is not None
+                and ref_exchange is not None else 0.0)
             row["predicted_vs_measured"] = row["predicted_step_s"] / row["step_s"] \
                 if row["step_s"] else None
         best = max(acc for _, _, acc in base["val_trace"]) if base["val_trace"] else None
@@ -244,6 +251,7 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 predicted_codec_s=summary.get("predicted_step_codec_seconds"),
                 predicted_exposed_s=summary.get("predicted_step_exposed_seconds"),
                 predicted_link_s=summary.get("predicted_step_link_seconds"),
+                link_contention=summary.get("link_contention"),
                 sent_MB=summary["comm_MB_per_epoch_per_rank"],
                 test_acc=summary["test_acc"], val_trace=summary["val_trace"],
                 fit_s=summary["fit_seconds"], wall_s=summary["wall_s"])

@@ -709,6 +709,7 @@ def _train(args) -> int:
         "predicted_step_codec_seconds": last.get("comm/predicted_step_codec_s"),
         "predicted_step_exposed_seconds": last.get("comm/predicted_step_exposed_s"),
         "predicted_step_link_seconds": last.get("comm/predicted_step_link_s"),
+        "link_contention": last.get("comm/link_contention"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }
     if trainer.global_rank == 0:

@@ -71,10 +71,12 @@ class CommunicationMonitor(Callback):
     throughput), ``comm/predicted_step_exposed_s`` (per exchange, the part of its predicted
     seconds longer than the work measured to run while it is in flight) and
     ``comm/predicted_step_link_s`` (the exchange seconds of the transfers the step waits for:
-    the asynchronous pipeline's run into the next step): with the step's
+    the asynchronous pipeline's run into the next step), and ``comm/link_contention`` (the
+    link's :attr:`~lightning_fullgraph.planner.LinkModel.contention`: compute lost while
+    transfers are in flight): with the step's
     compute (``comm/step_compute_s``, the training step without its blocked exchanges,
     measured), they are the planner's step time
-    (:meth:`~lightning_fullgraph.planner.tracker.PredictionTracker.step_seconds`).  The
+    (:func:`~lightning_fullgraph.planner.predicted_step_seconds`).  The
     exchange calls come from :obj:`profile` (:func:`~lightning_fullgraph.planner.profile_model`
     of the model before fit) or, without one, are recorded from the run's own steps (no
     collective is added either way; only ``link="calibrate"`` measures the link at fit start,
@@ -330,6 +332,8 @@ class CommunicationMonitor(Callback):
             metrics["comm/predicted_step_codec_s"] = step[1]
             metrics["comm/predicted_step_exposed_s"] = step[2]
             metrics["comm/predicted_step_link_s"] = step[3]
+            # The same on every rank (calibrated from all-reduced times, or read from a file).
+            metrics["comm/link_contention"] = self.predictor.link.contention
         if observed is not None:
             fitted = self.predictor.observe(peak[len(peak) - len(observed):])
             if fitted is not None:

@@ -17,6 +17,8 @@ to the measured figures while training
 * :mod:`.model` / :mod:`.memory`: the predictions (:class:`CommunicationModel`,
   :func:`predict`, :func:`memory_estimate`);
 * :mod:`.tracker`: per-epoch predictions of a running engine (:class:`PredictionTracker`);
+* :mod:`.step`: a step's seconds from a measured compute and those predictions
+  (:func:`predicted_step_seconds`);
 * :mod:`.sweep` / :mod:`.plot`: the ``plan`` command's sweep over part counts and its figure.
 
 Example::
@@ -26,19 +28,22 @@ Example::
     link = calibrate_local(2)
     print(predict(profile, counts, link).summary())
 """
-from .calibrate import DEFAULT_SIZES, calibrate, calibrate_codec, calibrate_local
+from .calibrate import (DEFAULT_SIZES, calibrate, calibrate_codec, calibrate_contention,
+                        calibrate_local)
 from .counts import RankCounts, partition_counts
 from .fit import fit_link, observations
 from .link import LinkModel
 from .memory import memory_estimate
 from .model import CommunicationModel, PointPrediction, Prediction, predict
 from .profile import ExchangeCall, ExchangeProfile, ExchangeRecorder, profile_model
+from .step import predicted_step_seconds
 from .tracker import PredictionTracker
 
 __all__ = [
     "LinkModel",
     "calibrate",
     "calibrate_codec",
+    "calibrate_contention",
     "calibrate_local",
     "DEFAULT_SIZES",
     "fit_link",
@@ -55,4 +60,5 @@ __all__ = [
     "PointPrediction",
     "predict",
     "PredictionTracker",
+    "predicted_step_seconds",
 ]

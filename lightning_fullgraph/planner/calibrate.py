@@ -41,7 +41,8 @@ import torch.distributed as dist
 
 from .link import LinkModel
 
-__all__ = ["calibrate", "calibrate_codec", "calibrate_local", "DEFAULT_SIZES"]
+__all__ = ["calibrate", "calibrate_codec", "calibrate_contention", "calibrate_local",
+           "DEFAULT_SIZES"]
 
 #: Bytes one rank sends per exchange in the sweep: latency-bound to bandwidth-bound.
 DEFAULT_SIZES = (0, 1 << 16, 1 << 20, 1 << 23)
@@ -168,6 +169,85 @@ def calibrate_codec(codec: Any = None, *, rows: int = 4096, width: int = 128,
     return max(statistics.median(times), 1e-9)
 
 
+def _dense_rounds(rounds: int, a: torch.Tensor, w: torch.Tensor, work: Any = None) -> Optional[float]:
+    r"""Runs :obj:`rounds` dense products (a GNN layer's kind of compute, on the rank's
+    threads); with an asynchronous :obj:`work` in flight, the seconds from the start at which
+    it was first seen complete (``None``: still in flight at the end)."""
+    t0, done = time.perf_counter(), None
+    for _ in range(rounds):
+        torch.mm(a, w)
+        if work is not None and done is None and work.is_completed():
+            done = time.perf_counter() - t0
+    return done
+
+
+def calibrate_contention(group: Optional[Any] = None, *, beta: float, repeats: int = 5,
+                         block_s: float = 0.2, max_bytes: int = 1 << 26) -> float:
+    r"""The fraction of its compute a rank loses while its link is busy with its own
+    transfers: :attr:`~.link.LinkModel.contention`.
+
+    Overlap hides a transfer behind compute, but moving the bytes is work too (the transport's
+    threads, the kernel's network stack, copies) and it runs on the same cores: measured on
+    four emulated four-core machines, a step computing while exact post's rows were in flight
+    took up to 1.5x its compute alone.  Timed here as it happens: a block of dense products
+    (about :obj:`block_s` seconds alone) runs alone, then while an asynchronous
+    ``all_to_all_single`` of about twice the block's worth of bytes at :obj:`beta` is in
+    flight, in both orders, :obj:`repeats` times; the contention is the extra compute time over
+    the seconds the transfer overlapped it, median over repetitions, mean over ranks
+    (all-reduced: the same on every rank).  CPU tensors only (gloo); ``0.0`` for one rank.
+
+    Every rank of the group must call it at the same point.
+
+    Args:
+        group (ProcessGroup, optional): The group (default: the world).
+        beta (float): The group's bandwidth in bytes per second (sizes the transfer).
+        repeats (int): Timed repetitions.
+        block_s (float): Seconds of the compute block alone.
+        max_bytes (int): Most bytes one rank sends in the transfer.
+
+    Returns:
+        float: In ``[0, 0.95]``: the compute seconds lost per second of transfer in flight.
+    """
+    world, rank, backend = _group_info(group)
+    if world < 2:
+        return 0.0
+    # Its own generator: a calibration at fit start must not move the training's random state.
+    gen = torch.Generator().manual_seed(rank)
+    a = torch.randn(4096, 256, generator=gen)
+    w = torch.randn(256, 256, generator=gen)
+    _dense_rounds(2, a, w)
+    t0 = time.perf_counter()
+    _dense_rounds(8, a, w)
+    per_round = max((time.perf_counter() - t0) / 8, 1e-6)
+    # Every rank runs the same number of rounds (the largest over ranks' estimates is agreed
+    # first: a rank that computed less would start its next collective early).
+    rounds = torch.tensor([max(4, int(block_s / per_round))], dtype=torch.float64)
+    dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
+    rounds = int(rounds.item())
+    nbytes = min(int(max_bytes), int(2 * block_s * beta))
+    send, recv, splits = _buffers(nbytes, world, rank, torch.device("cpu"))
+    shares = []
+    for i in range(int(repeats)):
+        times = {}
+        for loaded in ((False, True) if i % 2 == 0 else (True, False)):
+            dist.barrier(group=group)
+            work = dist.all_to_all_single(recv, send, output_split_sizes=splits,
+                                          input_split_sizes=splits, group=group,
+                                          async_op=True) if loaded else None
+            t0 = time.perf_counter()
+            done = _dense_rounds(rounds, a, w, work)
+            seconds = time.perf_counter() - t0
+            if work is not None:
+                work.wait()
+                times["overlap"] = seconds if done is None else done
+            times[loaded] = seconds
+        if times["overlap"] > 0:
+            shares.append(max(0.0, times[True] - times[False]) / times["overlap"])
+    share = torch.tensor([statistics.median(shares) if shares else 0.0], dtype=torch.float64)
+    dist.all_reduce(share, op=dist.ReduceOp.SUM, group=group)
+    return min(0.95, float(share.item()) / world)
+
+
 def _fit(sizes: Sequence[int], seconds: Sequence[float], world: int):
     r"""``(alpha, beta)`` from the sweep: zero-size intercept, slope through it."""
     pairs = list(zip(sizes, seconds))
@@ -184,8 +264,10 @@ def _fit(sizes: Sequence[int], seconds: Sequence[float], world: int):
 def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = 60, warmup: int = 2, skew_s: float = 2e-3,
               device: Optional[torch.device] = None,
-              codec: Any = None, codec_rows: int = 4096, codec_width: int = 128) -> LinkModel:
-    r"""Measures latency, bandwidth and codec throughput on :obj:`group`.
+              codec: Any = None, codec_rows: int = 4096, codec_width: int = 128,
+              contention: bool = False) -> LinkModel:
+    r"""Measures latency, bandwidth and codec throughput on :obj:`group` (and, asked for, the
+    contention of compute with transfers in flight).
 
     Every rank of the group must call it at the same point (it runs barriers and
     ``all_to_all_single`` collectives, then one ``all_gather`` and one ``all_reduce``).  The
@@ -208,6 +290,8 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
         codec (Codec, optional): Codec whose throughput is measured (default: identity).
         codec_rows (int): Rows of the codec block.
         codec_width (int): Values per row of the codec block.
+        contention (bool): Also measure :attr:`~.link.LinkModel.contention`
+            (:func:`calibrate_contention`, about 1.5 s; CPU tensors only, else left at 0).
 
     Returns:
         LinkModel
@@ -237,10 +321,13 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
         sent = [s // 4 * 4 for s in sizes]
     alpha, beta = _fit(sent, means, world)
     codec_bytes = codec_rows * codec_width * 4
+    share = calibrate_contention(group, beta=beta) \
+        if contention and world > 1 and device.type == "cpu" else 0.0
     return LinkModel(alpha=alpha, beta=beta, codec_throughput=codec_bytes / codec_s,
                      world_size=world, backend=backend, device=str(device),
                      samples=list(zip(sent, means)),
-                     codec=type(codec).__name__ if codec is not None else "IdentityCodec")
+                     codec=type(codec).__name__ if codec is not None else "IdentityCodec",
+                     contention=share)
 
 
 def _calibrate_worker(rank: int, world_size: int, kwargs: Dict[str, Any]) -> Dict[str, Any]:

@@ -90,7 +90,8 @@ def fit_link(samples: Iterable[Tuple[int, int, float]], world_size: int,
             every steady-state epoch so far.
         world_size (int): Ranks of the group (at least 2).
         prior (LinkModel, optional): A ping-pong calibration of the same group: its bandwidth
-            is kept when the samples cannot tell it (and its codec throughput always).
+            is kept when the samples cannot tell it (and its codec throughput and contention
+            always).
         backend (str, optional): The group's backend (default: the prior's, else
             ``"unknown"``).
         device (str, optional): Device of the exchanged tensors (default: the prior's, else
@@ -138,4 +139,5 @@ def fit_link(samples: Iterable[Tuple[int, int, float]], world_size: int,
                      device=device or (prior.device if prior is not None else "cpu"),
                      samples=[(b // n, t / n) for n, b, t in samples],
                      codec=prior.codec if prior is not None else "IdentityCodec",
-                     source="training")
+                     source="training",
+                     contention=prior.contention if prior is not None else 0.0)

@@ -8,7 +8,9 @@ needs, measured by :mod:`.calibrate` on the process group that trains:
 * :attr:`~LinkModel.beta`, the bandwidth in bytes per second one rank moves through it
   (SuperGCN's :math:`BW`);
 * :attr:`~LinkModel.codec_throughput`, the bytes per second a codec encodes and decodes
-  (SuperGCN's :math:`TH_{cal}`).
+  (SuperGCN's :math:`TH_{cal}`);
+* :attr:`~LinkModel.contention`, the fraction of its compute a rank loses while its own
+  transfers are in flight (moving bytes takes the cores that compute too): what overlap costs.
 
 The time of one exchange in which the busiest rank sends or receives :math:`B` bytes over a
 group of :math:`P` ranks is :math:`\alpha (P - 1) + B / \beta` (gloo's all-to-all talks to
@@ -38,6 +40,9 @@ class LinkModel:
         samples (List[Tuple[int, float]]): The measurements: bytes one rank sent per exchange,
             mean over repetitions of the fastest rank's seconds.
         codec (str): Class name of the measured codec.
+        contention (float): Compute seconds a rank loses per second that a transfer of its own
+            is in flight beside it, in ``[0, 1)`` (:func:`~.calibrate.calibrate_contention`;
+            ``0.0``: not measured, overlap taken as free).
         source (str): How it was measured: ``"ping-pong"`` (:func:`~.calibrate.calibrate`) or
             ``"training"`` (:func:`~.fit.fit_link`, from the exchanges of a run).
     """
@@ -50,6 +55,7 @@ class LinkModel:
     samples: List[Tuple[int, float]] = field(default_factory=list)
     codec: str = "IdentityCodec"
     source: str = "ping-pong"
+    contention: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "codec_throughput"):
@@ -58,6 +64,9 @@ class LinkModel:
                 raise ValueError(f"LinkModel.{name} must be positive, got {value}")
             setattr(self, name, value)
         self.samples = [(int(b), float(s)) for b, s in self.samples]
+        self.contention = float(self.contention)
+        if not 0.0 <= self.contention < 1.0:
+            raise ValueError(f"LinkModel.contention must be in [0, 1), got {self.contention}")
         if self.source not in ("ping-pong", "training"):
             raise ValueError(f"LinkModel.source must be 'ping-pong' or 'training', "
                              f"got {self.source!r}")
@@ -180,6 +189,8 @@ class LinkModel:
         codec = "" if math.isinf(self.codec_throughput) else \
             f", codec {self.codec_throughput / 1e9:.2f} GB/s"
         source = ", fitted to training" if self.source == "training" else ""
+        if self.contention:
+            codec += f", overlap costs {self.contention:.0%} of compute"
         return (f"alpha {self.alpha * 1e6:.1f} us/peer, beta {self.beta / 1e9:.3f} GB/s{codec} "
                 f"({self.backend}, {self.world_size} rank{'s' if self.world_size != 1 else ''}, "
                 f"{self.device}{source})")

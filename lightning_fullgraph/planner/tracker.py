@@ -121,7 +121,8 @@ class PredictionTracker:
             with guarded("link calibration (CommunicationMonitor(link='calibrate'))", rank,
                          [r for r in range(world) if r != rank],
                          getattr(engine, "timeout", None)):
-                link = calibrate(group, codec=codec, codec_rows=16384, codec_width=256)
+                link = calibrate(group, codec=codec, codec_rows=16384, codec_width=256,
+                                 contention=True)
             router = getattr(engine, "router", None)
             if router is not None and not isinstance(router.link, LinkModel):
                 router.link = link  # aggregation="auto" decides on it: no second calibration

@@ -198,6 +198,15 @@ def test_cluster_planner_step_hides_what_runs_in_flight():
     rows[0]["step_compute_min_s"] = 2.5
     derive(rows, "post")
     assert [r["predicted_step_s"] for r in rows] == [6.5, 2.75, 5.0, 3.0, 8.0]
+    # With the link's contention (0.5: half a second of compute lost per second of transfer in
+    # flight), the reference's compute is first taken back to nothing in flight (its 1 s
+    # hidden: 2.0 s), then slowed by each configuration's hidden seconds, no more than by a
+    # link busy throughout (the pipeline's background: 2.0 / (1 - 0.5)); the older row hides
+    # nothing (2.0 + 5.0 + its codec's 0.5).
+    for r in rows:
+        r["link_contention"] = 0.5
+    derive(rows, "post")
+    assert [r["predicted_step_s"] for r in rows] == pytest.approx([6.5, 2.5, 5.0, 4.5, 7.5])
 
 
 def test_cluster_repeats_keep_the_median_step():

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from lightning_fullgraph.planner import calibrate, calibrate_codec
+from lightning_fullgraph.planner import calibrate, calibrate_codec, calibrate_contention
 from lightning_fullgraph.planner.calibrate import _fastest_rank_means, _fit
 from lightning_fullgraph.testing import run_distributed
 
@@ -48,6 +48,25 @@ def test_estimator_is_the_mean_of_the_fastest_rank():
     times = torch.tensor([[1e-3], [1e-3], [10e-3]], dtype=torch.float64)
     assert _fastest_rank_means(times, 1, "none", None, torch.device("cpu")) == \
         pytest.approx([4e-3])  # one rank: the mean, tail included (the median is 1 ms)
+
+
+def _contention(rank, world_size):
+    torch.set_num_threads(1)
+    asked = calibrate(sizes=(0, 1 << 16), repeats=2, warmup=0, codec_rows=64, contention=True)
+    plain = calibrate(sizes=(0, 1 << 16), repeats=2, warmup=0, codec_rows=64)
+    return asked.contention, plain.contention, calibrate_contention(beta=1e8, block_s=0.02)
+
+
+@pytest.mark.multiprocess
+def test_contention_is_agreed_by_every_rank():
+    # Compute seconds lost per second of transfer in flight: measured only when asked, in
+    # [0, 1), the same number on every rank (all-reduced: it changes no wire size, but every
+    # rank must predict the same step).
+    results = run_distributed(_contention, 2)
+    assert results[0] == results[1]
+    asked, plain, direct = results[0]
+    assert 0.0 <= asked < 1.0 and 0.0 <= direct < 1.0 and plain == 0.0
+    assert calibrate_contention(beta=1e8) == 0.0  # one process: nothing in flight
 
 
 def test_barrier_protocol_still_available():

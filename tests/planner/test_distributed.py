@@ -240,6 +240,13 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
         assert logged["comm/predicted_step_codec_s"] == pytest.approx(step.codec_seconds)
         assert results[0]["monitored"]["profiled"]["epochs"][-1][
             "comm/predicted_step_codec_s"] == 0.0
+        # The link's contention (compute lost to transfers in flight) is logged with the
+        # step's terms: the given link's (not measured: 0), or the one calibrated at fit
+        # start (measured, the same on every rank).
+        assert logged["comm/link_contention"] == links[0].contention == 0.0
+        calibrated = [r["monitored"]["profiled"]["epochs"][-1]["comm/link_contention"]
+                      for r in results]
+        assert calibrated == [calibrated[0]] * len(results) and 0.0 <= calibrated[0] < 1.0
         # The link fitted to the run: none from the first epoch (one-time exchanges), then
         # the same on every rank (fitted from reduced values only), logged and saved.
         first = results[0]["monitored"][name]["epochs"][0]

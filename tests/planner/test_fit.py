@@ -107,6 +107,13 @@ def test_fitted_on_one_mode_predicts_the_others(parts3):
         observations(post, {("nowhere", "forward"): 1e-3})
 
 
+def test_the_prior_contention_is_kept():
+    # The exchanges of a run cannot tell what overlap cost the compute: a calibration's is.
+    prior = LinkModel(alpha=1e-4, beta=1e8, contention=0.3)
+    assert fit_link([(1, 1_000, 1e-3), (1, 100_000, 2e-3)], 2, prior=prior).contention == 0.3
+    assert fit_link([(1, 1_000, 1e-3), (1, 100_000, 2e-3)], 2).contention == 0.0
+
+
 def test_round_trip_keeps_the_source(tmp_path):
     link = fit_link([(1, 1_000, 1e-3), (1, 100_000, 2e-3)], 2)
     again = LinkModel.load(link.save(tmp_path / "fitted.json"))

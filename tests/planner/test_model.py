@@ -159,6 +159,18 @@ def test_link_model_round_trip_and_validation(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a JSON link model"):
         LinkModel.load(tmp_path / "bad.json")
+    # The compute lost to transfers in flight: kept, said, bounded; a file from before the
+    # field takes overlap as free.
+    contended = LinkModel(alpha=2e-5, beta=3e9, contention=0.35)
+    assert LinkModel.load(contended.save(tmp_path / "c.json")).contention == 0.35
+    assert "overlap costs 35% of compute" in contended.describe()
+    assert "overlap" not in link.describe() and link.contention == 0.0
+    old = link.to_dict()
+    del old["contention"]
+    assert LinkModel.from_dict(old) == link
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="contention must be in"):
+            LinkModel(alpha=1.0, beta=1.0, contention=bad)
 
 
 @pytest.mark.parametrize("policy, what", [
