@@ -220,7 +220,9 @@ class PredictionTracker:
             + \sum_c t_q(c)
 
         with :math:`t_{compute}` measured (``comm/step_compute_s_min`` of a run without the
-        reduction: the step without its blocked exchanges, least over ranks): a step cannot
+        reduction: the step without its blocked exchanges, least over ranks) and slowed by the
+        transfers in flight beside it (the link's contention;
+        :func:`~lightning_fullgraph.planner.predicted_step_seconds`): a step cannot
         take less than the link is busy with the transfers it waits for, however much of them
         overlaps.
 
