@@ -293,7 +293,8 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
         codec_rows (int): Rows of the codec block.
         codec_width (int): Values per row of the codec block.
         contention (bool): Also measure :attr:`~.link.LinkModel.contention`
-            (:func:`calibrate_contention`, about 2 s; CPU tensors only, else left at 0).
+            (:func:`calibrate_contention`: ten compute blocks of 0.2 s and the transfers
+            beside five of them; CPU tensors only, else left at 0).
 
     Returns:
         LinkModel

@@ -189,8 +189,8 @@ class LinkModel:
         codec = "" if math.isinf(self.codec_throughput) else \
             f", codec {self.codec_throughput / 1e9:.2f} GB/s"
         source = ", fitted to training" if self.source == "training" else ""
-        if self.contention:
-            codec += f", overlap costs {self.contention:.0%} of compute"
-        return (f"alpha {self.alpha * 1e6:.1f} us/peer, beta {self.beta / 1e9:.3f} GB/s{codec} "
+        overlap = f", overlap costs {self.contention:.0%} of compute" if self.contention else ""
+        return (f"alpha {self.alpha * 1e6:.1f} us/peer, beta {self.beta / 1e9:.3f} GB/s{codec}"
+                f"{overlap} "
                 f"({self.backend}, {self.world_size} rank{'s' if self.world_size != 1 else ''}, "
                 f"{self.device}{source})")
