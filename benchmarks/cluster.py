@@ -5,7 +5,9 @@ Every configuration is one multi-node job: ``lightning-fullgraph train`` under o
 per node of a :class:`~lightning_fullgraph.cluster.EmulatedCluster` (network namespaces on a
 bridge, each node's link shaped to ``--rate`` with tc tbf; needs root), as a user launches it
 on N machines.  Per configuration it records, from rank 0's ``--json`` summary: the median
-training step, the exchange seconds per epoch (time blocked in halo exchanges: with overlap or
+training step of the steady state (the second half of the epochs, and none before step
+aside's decision: its trial times every arm; a run that ends in the trial is flagged
+``in_trial`` and marked in the table), the exchange seconds per epoch (time blocked in halo exchanges: with overlap or
 the asynchronous pipeline only what was not hidden), bytes per epoch per rank, the accuracy
 curve (validation accuracy against training seconds) and the final test accuracy, and from
 them the step ratio against exact post-aggregation of the same model and link, and the time
@@ -235,11 +237,17 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
     per_epoch = summary.get("per_epoch") or {}
     steps = [s for s in per_epoch.get("step_s") or [] if s is not None]
     exchanges = [s for s in per_epoch.get("exchange_s") or [] if s is not None]
+    # The steady state: the epochs of the second half (after warm-up and caches filling), and
+    # none before step aside's decision (its trial times every arm, the exact exchange
+    # included, so its steps are no configuration's).  A run too short to reach it is
+    # flagged, its figures the second half's.
+    first = _first_decided_epoch(summary)
+    trial = "aside" in config.split("+")[1:] and (first is None or first >= len(steps))
+    start = max(len(steps) // 2, 0 if trial or first is None else first)
     return dict(model=model, config=config, rate=rate, nodes=nodes, seed=seed,
-                # The median over the second half of the epochs: after warm-up, caches and
-                # a step-aside trial (the same rule for every configuration).
-                step_s=_second_half_median(steps) or summary["train_step_seconds"],
-                exchange_s=_second_half_median(exchanges) or summary["exchange_s_per_epoch"],
+                step_s=_median_from(steps, start) or summary["train_step_seconds"],
+                exchange_s=_median_from(exchanges, start) or summary["exchange_s_per_epoch"],
+                steady_from_epoch=start, in_trial=trial,
                 step_s_all=summary["train_step_seconds"], per_epoch=per_epoch,
                 step_aside=summary.get("step_aside"),
                 aggregation_choices=summary.get("aggregation_choices"),
@@ -277,9 +285,18 @@ def median_repeats(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def _second_half_median(values: List[float]) -> Optional[float]:
-    tail = values[len(values) // 2:]
+def _median_from(values: List[float], start: int) -> Optional[float]:
+    tail = values[start:]
     return statistics.median(tail) if tail else None
+
+
+def _first_decided_epoch(summary: Dict[str, Any]) -> Optional[int]:
+    r"""The first epoch whose every step runs step aside's decision (``None``: no decision)."""
+    decision = summary.get("step_aside") or {}
+    if decision.get("step") is None:
+        return None
+    per_epoch = max(1, int(summary.get("train_steps_per_epoch") or 1))
+    return -(-int(decision["step"]) // per_epoch)
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
@@ -296,7 +313,11 @@ def table(rows: List[Dict[str, Any]]) -> str:
                      f"{f(100 * r['test_acc'], '7.2f')} {f(r.get('time_to_95pct_s'), '7.1f')} "
                      f"{f(r.get('time_to_95pct_speedup'), '6.2f')} "
                      f"{f(r.get('predicted_step_s'), '7.3f')} "
-                     f"{f(r.get('predicted_vs_measured'), '6.2f')}")
+                     f"{f(r.get('predicted_vs_measured'), '6.2f')}"
+                     + (" *" if r.get("in_trial") else ""))
+    if any(r.get("in_trial") for r in rows):
+        lines.append("* still in step aside's trial at the end: the step mixes the arms' steps "
+                     "(more --epochs)")
     return "\n".join(lines)
 
 

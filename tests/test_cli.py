@@ -110,6 +110,9 @@ def test_train_step_aside_decides_alike_and_reports(tmp_path, capsys):
     assert decision["arms"] == [["codec"], []]
     assert decision["stages"] in (["codec"], [])
     assert len(decision["seconds"]) == 2 and all(t > 0 for t in decision["seconds"])
+    # One step per epoch: epochs 0-8 are the first step, the warm-up and the arms' steps; the
+    # tenth (index 9) is the first that runs the decision.
+    assert decision["step"] == 1 + 2 + 2 * 3
     assert len(summary["per_epoch"]["step_s"]) == 12
     assert summary["test_acc"] > 0.6
     # Without --json the summary says what was kept.

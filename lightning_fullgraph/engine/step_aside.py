@@ -67,7 +67,8 @@ class StepAside:
         self.warmup, self.steps, self.margin = int(warmup), int(steps), float(margin)
         self.every = int(every)
         self.arms: List[Tuple[str, ...]] = []
-        self.decision: Optional[Dict[str, Any]] = None  # chosen stages and the times
+        # The chosen stages, the arms, their times and the first step that runs the choice.
+        self.decision: Optional[Dict[str, Any]] = None
         self._ticks = 0
         self._origin: Optional[int] = self.warmup  # tick of the trial's first arm (None: decided)
         self._decided_at = 0
@@ -149,8 +150,11 @@ class StepAside:
         best = min(range(len(self.arms)), key=lambda i: (scores[i], -len(self.arms[i])))
         chosen = self.arms[best]
         self._origin, self._decided_at = None, self._ticks
-        self.decision = {"stages": list(chosen),
-                         "arms": [list(a) for a in self.arms], "seconds": seconds}
+        # "step": the first training step that runs the chosen stages, counted from the first
+        # step this object saw (0; the first step is not ticked, so this tick's count is the
+        # index of the step that starts now), for readers that time the steady state apart.
+        self.decision = {"stages": list(chosen), "arms": [list(a) for a in self.arms],
+                         "seconds": seconds, "step": self._ticks}
         left = [s for s in self.arms[0] if s not in chosen]
         log.info("step aside: %s (median step %s)",
                  f"kept {', '.join(chosen) or 'nothing (exact exchange)'}"

@@ -223,3 +223,35 @@ def test_cluster_repeats_keep_the_median_step():
 def test_cluster_refuses_no_repeats():
     proc = _run("cluster", "--repeats", "0")
     assert proc.returncode == 2 and "--repeats must be at least 1, got 0" in proc.stderr
+
+
+def test_cluster_step_is_the_steady_state_after_step_aside_decides():
+    # The median over the second half of the epochs, and none before step aside's decision:
+    # its trial's steps are every arm's, not the configuration's.  A run that ends in the
+    # trial is flagged.
+    from benchmarks.cluster import summarize, table
+
+    def summary(steps, decision=None):
+        return dict(per_epoch=dict(step_s=steps, exchange_s=[s / 10 for s in steps]),
+                    step_aside=decision, train_steps_per_epoch=1, train_step_seconds=0.0,
+                    exchange_s_per_epoch=0.0, compute_s_per_epoch=0.0,
+                    comm_MB_per_epoch_per_rank=1.0, test_acc=0.5, val_trace=[],
+                    fit_seconds=1.0, wall_s=1.0)
+    steps = [9.0] * 4 + [5.0, 7.0, 5.0, 7.0, 7.0] + [2.0, 3.0, 2.0]
+    plain = summarize(summary(steps), "sage", "sampling", "1gbit", 4, 0)
+    assert plain["steady_from_epoch"] == 6 and plain["step_s"] == 4.0 and not plain["in_trial"]
+    decided = summarize(summary(steps, dict(stages=["sampling"], step=9)), "sage",
+                        "sampling+aside", "1gbit", 4, 0)
+    assert decided["steady_from_epoch"] == 9 and decided["step_s"] == 2.0
+    assert decided["exchange_s"] == 0.2 and not decided["in_trial"]
+    # Two steps per epoch: the epoch of step 9 (4) mixes the trial's last step and the first
+    # decided one, so the steady state starts at epoch 5.
+    two = summary(steps, dict(stages=[], step=9))
+    two["train_steps_per_epoch"] = 2
+    assert summarize(two, "sage", "sampling+aside", "1gbit", 4, 0)["steady_from_epoch"] == 6
+    two["step_aside"]["step"] = 18
+    assert summarize(two, "sage", "sampling+aside", "1gbit", 4, 0)["steady_from_epoch"] == 9
+    short = summarize(summary(steps[:6]), "sage", "sampling+aside", "1gbit", 4, 0)
+    assert short["in_trial"] and short["step_s"] == 7.0
+    assert table([plain, short]).splitlines()[-1].startswith("* still in step aside's trial")
+    assert "*" not in table([plain])

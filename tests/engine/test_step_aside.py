@@ -63,6 +63,9 @@ def test_the_fastest_arm_is_kept(codec_cost, expected):
     assert aside.done and aside.decision["stages"] == list(expected)
     assert aside.decision["seconds"] == pytest.approx(
         [codec_cost, 1.0] if codec_cost != 0.99 else [0.99, 1.0])
+    # The first step that runs the decision (0-based; the first step is not ticked): the
+    # trial's steps come before it.
+    assert aside.decision["step"] == aside.trial_steps == 1 + 2 + 2 * 3
 
 
 def test_each_stage_is_judged_by_what_it_saves():
