@@ -297,7 +297,10 @@ class CommunicationMonitor(Callback):
         names = sorted(local)
         values = torch.tensor([local[n] for n in names], dtype=torch.float64)
         extra = call_seconds if call_seconds is not None else torch.zeros(0, dtype=torch.float64)
-        step_seconds = self.predictor.step_seconds(stats) if call_seconds is not None else None
+        # The windows of the training steps only: evaluation overlaps exchanges that training
+        # may run synchronously (boundary sampling, the halo cache).
+        step_seconds = self.predictor.step_seconds(self.predictor.training_windows()) \
+            if call_seconds is not None else None
         if step_seconds is not None:
             extra = torch.cat([extra, step_seconds])
         distributed = dist.is_initialized() and dist.get_world_size() > 1

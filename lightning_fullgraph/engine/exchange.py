@@ -87,6 +87,7 @@ class HaloExchange:
         # Overlap (synchronous mode): hand the kernels owned rows now and the halo rows
         # when they arrive (extend), so the owned-source edges aggregate meanwhile.
         self.overlap = False
+        self._sample_memo: Optional[tuple] = None  # this step's boundary sample (_sampled)
         world = self.transport.world_size
         for name, channel in (("post", plan.post), ("pre", plan.pre)):
             if channel.send_counts.numel() != world or channel.recv_counts.numel() != world:
@@ -181,6 +182,7 @@ class HaloExchange:
         for channel in (self.plan.post, self.plan.pre):
             channel.send_index = channel.send_index.to(device)
             channel.recv_index = channel.recv_index.to(device)
+        self._sample_memo = None
         return self
 
     def set_levels(self, send_levels: Tensor, halo_levels: Tensor) -> "HaloExchange":
@@ -463,7 +465,7 @@ class HaloExchange:
         if send_ids.numel() != self.plan.post.num_send:
             raise ValueError(f"{send_ids.numel()} send ids for {self.plan.post.num_send} send "
                              "slots")
-        self.send_ids = send_ids
+        self.send_ids, self._sample_memo = send_ids, None
         if owned_ids is not None:
             if owned_ids.numel() != self.num_owned:
                 raise ValueError(f"{owned_ids.numel()} owned ids for {self.num_owned} owned "
@@ -481,9 +483,17 @@ class HaloExchange:
         if self.send_ids is None:
             raise RuntimeError("boundary sampling needs the send slots' node ids "
                                "(HaloExchange.set_node_ids; FullGraphEngine sets them)")
+        # One draw per step: every layer exchanging through this plan in the step keeps the
+        # same rows (the draw is a function of seed, step and node), so it is made once.
+        memo = self._sample_memo
+        if memo is not None and memo[0] == (sampling.rate, self.seed, self.step):
+            return memo[1]
         send = sampling.kept_slots(self.send_ids, self._post_send, self.seed, self.step)
         recv = sampling.kept(self.plan.halo_ids, self.rank, self.seed, self.step)
-        return send.to(self.plan.post.send_index.device), recv.to(self.plan.post.send_index.device)
+        device = self.plan.post.send_index.device
+        kept = (send.to(device), recv.to(device))
+        self._sample_memo = ((sampling.rate, self.seed, self.step), kept)
+        return kept
 
     def _sampled_pre(self) -> Optional[Tuple[Tensor, Tensor]]:
         r"""This step's kept pre slots (sent) and partial-aggregate rows (received) under

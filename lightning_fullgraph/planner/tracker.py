@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..engine.errors import guarded
+from ..engine.stats import CommStats
 from .counts import RankCounts
 from .fit import fit_link
 from .link import LinkModel
@@ -79,6 +80,12 @@ class PredictionTracker:
         self.observed: deque = deque(maxlen=FIT_WINDOW)
         self.fitted: Optional[LinkModel] = None  # the link fitted to this run's exchanges
         self._epoch_points: List[Tuple[str, str]] = []  # exchange points of the last epoch
+        # The overlap windows of the epoch's training steps alone, per exchange point:
+        # evaluation overlaps exchanges that training may run synchronously (the halo cache,
+        # boundary sampling), so the engine's counters, evaluation's included, would credit
+        # training with windows it never had.
+        self._train_windows: Dict[Tuple[str, str], List[float]] = {}
+        self._mark: Optional[Dict[Tuple[str, str], Tuple[float, ...]]] = None
         if profile is None:
             recorder = ExchangeRecorder(getattr(engine, "exchanges", None)
                                         or {"post": engine.exchange})
@@ -160,9 +167,12 @@ class PredictionTracker:
     def epoch_start(self) -> None:
         self.offset = dict(self.index)
         self.in_epoch = {p: 0 for p in PHASES}
+        self._train_windows, self._mark = {}, None
 
     def step_start(self, phase: str) -> None:
         self._active = phase
+        if phase == "train":
+            self._mark = self._windows_now()
         if self.recorder is not None and not self.steady[phase]:
             self.recorder.begin()
 
@@ -170,6 +180,13 @@ class PredictionTracker:
         if self._active != phase:
             return
         self._active = None
+        if phase == "train" and self._mark is not None:
+            for point, now in self._windows_now().items():
+                before = self._mark.get(point, (0.0, ) * len(now))
+                total = self._train_windows.setdefault(point, [0.0] * len(now))
+                for i, (a, b) in enumerate(zip(now, before)):
+                    total[i] += max(0.0, a - b)  # a reset within the step counts from zero
+            self._mark = None
         if self.recorder is not None and self.recorder.recording:
             steps = self.learned[phase]
             steps.append(self.recorder.end())
@@ -210,9 +227,9 @@ class PredictionTracker:
         seconds :math:`\max(0, t_x(c) - w(c))`: the part of the transfer that the work
         :math:`w(c)` the rank runs while it is in flight does not hide (overlap).
         :math:`w(c)` is measured, not predicted: the mean seconds between an asynchronous
-        exchange's start and the wait for it at the call's exchange point and direction, over
-        the epoch's exchanges there, evaluation's included (``in_flight_seconds`` of
-        :obj:`stats`; 0 for a synchronous one).  Reduced with ``MAX`` over ranks and summed
+        exchange's start and the wait for it at the call's exchange point and direction
+        (``in_flight_seconds`` of :obj:`stats`, e.g. :meth:`training_windows`: the training
+        steps' alone; 0 for a synchronous one).  Reduced with ``MAX`` over ranks and summed
         over calls, the planner's step is
 
         .. math::
@@ -268,6 +285,25 @@ class PredictionTracker:
             for i in background:
                 rows[i][2] = rows[i][0] * backlog / total if total else 0.0
         return torch.tensor([v for row in rows for v in row], dtype=torch.float64)
+
+    def _windows_now(self) -> Dict[Tuple[str, str], Tuple[float, ...]]:
+        stats = getattr(self.engine, "stats", None)
+        return {point: (c.in_flight_seconds, float(c.waits), c.background_in_flight_seconds,
+                        float(c.background_waits))
+                for point, c in getattr(stats, "counters", {}).items()}
+
+    def training_windows(self) -> CommStats:
+        r"""The overlap windows of this epoch's training steps alone (between
+        :meth:`step_start` and :meth:`step_end` of ``"train"``), as counters for
+        :meth:`step_seconds`: an exchange that training runs synchronously (boundary
+        sampling, the halo cache) gets no window from evaluation's overlapped forwards."""
+        stats = CommStats()
+        for point, (in_flight, waits, bg_in_flight, bg_waits) in self._train_windows.items():
+            c = stats.counters[point]
+            c.in_flight_seconds, c.waits = in_flight, int(round(waits))
+            c.background_in_flight_seconds = bg_in_flight
+            c.background_waits = int(round(bg_waits))
+        return stats
 
     # -- the link as training meets it ------------------------------------------------------
     def observation_vector(self, stats: Any) -> Tensor:

@@ -214,3 +214,38 @@ def test_tracker_measures_the_codec_a_link_from_a_file_lacks():
     tracker = PredictionTracker.start(exact, link=fitted)
     assert tracker.link is fitted
     tracker.close()
+
+
+def test_tracker_windows_are_the_training_steps_own():
+    # Boundary sampling and the halo cache exchange synchronously in training but overlap in
+    # evaluation: the windows the planner hides training's transfers behind are those measured
+    # between a training step's start and end, not evaluation's.
+    from lightning_fullgraph.engine import FullGraphEngine
+    from lightning_fullgraph.planner import LinkModel
+    from lightning_fullgraph.planner.tracker import PredictionTracker
+
+    from .conftest import partitions
+    _, parts = partitions(1)
+    engine = FullGraphEngine(parts[0])
+    tracker = PredictionTracker.start(engine, link=LinkModel(alpha=1e-4, beta=1e8))
+    stats = engine.stats
+    for epoch in range(2):
+        tracker.epoch_start()
+        tracker.step_start("train")
+        stats.add_seconds("x1", "forward", 0.1, in_flight=0.5)  # overlapped in training
+        stats.record("x2", "forward", bytes_sent=8, bytes_received=8, rows_sent=1,
+                     rows_received=1, seconds=0.2)  # synchronous in training
+        stats.add_seconds("bg", "backward", 0.0, in_flight=3.0, background=True)
+        tracker.step_end("train")
+        tracker.step_start("eval")
+        stats.add_seconds("x1", "forward", 0.0, in_flight=9.0)
+        stats.add_seconds("x2", "forward", 0.0, in_flight=9.0)  # overlapped in evaluation
+        tracker.step_end("eval")
+        windows = tracker.training_windows().counters
+        assert windows[("x2", "forward")].waits == 0  # no window: evaluation's is not its
+        assert (windows[("x1", "forward")].in_flight_seconds,
+                windows[("x1", "forward")].waits) == (0.5, 1)
+        bg = windows[("bg", "backward")]
+        assert (bg.waits, bg.background_waits, bg.background_in_flight_seconds) == (1, 1, 3.0)
+        assert stats.counters[("x2", "forward")].waits == 1 + epoch  # evaluation's, not here
+    tracker.close()
