@@ -291,6 +291,18 @@ class FullGraphEngine:
         self._model = None
         return model
 
+    def close(self) -> Optional[torch.nn.Module]:
+        r""":meth:`detach`, then releases the process group the engine made for the
+        asynchronous pipeline's transfers in flight (every rank at the same point, as
+        :meth:`detach`; the strategy's teardown calls it, for each stage builds an engine of
+        its own).  An engine attached again afterwards runs those transfers on its group."""
+        model = self.detach()
+        self.transport.close()
+        for exchange in self.exchanges.values():
+            if exchange.transport is not self.transport:
+                exchange.transport.close()
+        return model
+
     def loss_weight(self, mask: Optional[str] = None) -> float:
         r"""This rank's share of the nodes of :obj:`mask` (default: the loss mask)."""
         mask = mask or self.loss_mask

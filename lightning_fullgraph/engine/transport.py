@@ -106,6 +106,18 @@ class Transport:
         self.background_group = _sibling_group(group, timeout) \
             if background and self.world_size > 1 else None
 
+    def close(self) -> None:
+        r"""Releases the background group (its sockets and threads), once nothing is in
+        flight on it; the transport then runs every transfer on :attr:`group`.  Every rank
+        calls it at the same point (gloo destroys a group locally, but some NCCL versions
+        abort a communicator collectively)."""
+        group, self.background_group = self.background_group, None
+        if group is not None and dist.is_available() and dist.is_initialized():
+            try:
+                dist.destroy_process_group(group)
+            except ValueError:  # already gone with the world (destroy_process_group())
+                pass
+
     # -- the one collective ---------------------------------------------------------------
     def exchange(self, send: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
                  *, key: str, direction: str, unit: str = "rows",

@@ -403,7 +403,9 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
 
     def teardown(self) -> None:
         if self.engine is not None:
-            self.engine.detach()
+            # The next stage (validate, test, predict) builds an engine of its own: this one's
+            # pipeline group would otherwise stay open until the process group is destroyed.
+            self.engine.close()
         if self._huge_pages is not None:
             self._huge_pages.revert()
             self._huge_pages = None

@@ -116,12 +116,20 @@ def _fit(rank, world_size, tmp):
     trainer = _trainer(tmp + "/a", len(LOSSES), [straight, AdaptiveBitWidth()])
     trainer.fit(module, datamodule=datamodule())
     logged = float(trainer.callback_metrics["comm/async"])
+    # Teardown released the pipeline's group; the next stage builds an engine (and a group)
+    # of its own, and releases it in turn.
+    fit_engine = trainer.strategy.engine
+    released = [fit_engine.transport.background_group is None]
+    trainer.validate(module, datamodule=datamodule(), verbose=False)
+    released += [trainer.strategy.engine is not fit_engine,
+                 trainer.strategy.engine.transport.background_group is None]
     ckpt = ModelCheckpoint(dirpath=tmp + "/ckpt", save_last=True)
     _trainer(tmp + "/b", 6, [adaptor(), ckpt]).fit(_module(0), datamodule=datamodule())
     resumed, resumed_module = adaptor(), _module(1)
     _trainer(tmp + "/b", len(LOSSES), [resumed]).fit(resumed_module, datamodule=datamodule(),
                                                      ckpt_path=tmp + "/ckpt/last.ckpt")
     return dict(modes=module.modes, resumed=resumed_module.modes, logged=logged,
+                released=released,
                 history=straight.controller.history,
                 resumed_history=resumed.controller.history)
 
@@ -134,6 +142,7 @@ def test_trainer_modes_follow_the_rule_on_every_rank_and_resume(tmp_path):
     expected = _modes(reference, LOSSES)[:len(LOSSES)]
     assert r0["modes"] == expected and {"sync", "async"} <= set(expected), r0["modes"]
     assert r0["logged"] == float(expected[-1] == "async")
+    assert all(r["released"] == [True, True, True] for r in results), results
     assert r0["resumed"] == expected[6:], r0
     assert r0["resumed_history"] == r0["history"][:len(r0["resumed_history"])]
     for r in results[1:]:

@@ -180,6 +180,20 @@ def _p3(rank, group):
         # Waited for as a background transfer (the planner leaves it out of the step's link).
         waits=[bg.stats.counters[("bg", "forward")].waits,
                bg.stats.counters[("bg", "forward")].background_waits])
+    # close() releases the background group (gloo: locally); background transfers
+    # then run on the main group, and still deliver.
+    released = bg.background_group
+    bg.close()
+    try:
+        dist.get_backend(released)
+        gone = False
+    except ValueError:  # "Invalid process group specified": destroyed
+        gone = True
+    after = bg.exchange(send, send_counts, recv_counts, key="bg", direction="forward",
+                        async_op=True, background=True).wait()
+    bg.close()  # a second close does nothing
+    out["background"].update(closed=gone and bg.background_group is None,
+                             after_close=torch.equal(after, got))
     return out
 
 
@@ -252,7 +266,8 @@ def test_async_exchange_equals_sync(job):
 def test_background_transfers_run_on_a_group_of_their_own(job):
     for rank in range(3):
         assert job[rank]["p3"]["background"] == dict(group=True, equal=True, counted=True,
-                                                     waits=[1, 1])
+                                                     waits=[1, 1], closed=True,
+                                                     after_close=True)
 
 
 @pytest.mark.multiprocess
