@@ -133,6 +133,9 @@ class FullGraphEngine:
         self.static.mark_loaded(*partition.node_attrs.values())
         self.loss_mask = loss_mask
         self.loss_reduction = loss_reduction
+        # Times run_stages changed the exchanges' stages (step aside's arms and decision): a
+        # planner that recorded the exchange calls records them again.
+        self.stages_changed = 0
         self.step_aside = StepAside.of(config.step_aside)
         if self.step_aside is not None and not self.step_aside.bind(self.policy.stages()):
             self.step_aside = None  # an exact policy: nothing to step aside
@@ -192,6 +195,7 @@ class FullGraphEngine:
         policy = policy_with(self.policy, stages)
         for exchange in self._all_exchanges():
             exchange.set_policy(policy)
+        self.stages_changed += 1
 
     def step_aside_state(self) -> Optional[dict]:
         r"""The step-aside decision, for a checkpoint (``None`` when off)."""

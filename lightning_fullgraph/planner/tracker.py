@@ -86,6 +86,8 @@ class PredictionTracker:
         # training with windows it never had.
         self._train_windows: Dict[Tuple[str, str], List[float]] = {}
         self._mark: Optional[Dict[Tuple[str, str], Tuple[float, ...]]] = None
+        # The engine's stage changes seen (step aside's arms and decision change the calls).
+        self._stages_seen = getattr(engine, "stages_changed", 0)
         if profile is None:
             recorder = ExchangeRecorder(getattr(engine, "exchanges", None)
                                         or {"post": engine.exchange})
@@ -171,6 +173,14 @@ class PredictionTracker:
 
     def step_start(self, phase: str) -> None:
         self._active = phase
+        changes = getattr(self.engine, "stages_changed", 0)
+        if changes != self._stages_seen:
+            # The exchanges run other stages (step aside tried an arm, or decided): a recorded
+            # profile records the calls again from here until they repeat, appended, so the
+            # steady state becomes the new stages' (a given profile cannot follow: it stays).
+            self._stages_seen = changes
+            if self.given is None:
+                self.steady = {p: False for p in PHASES}
         if phase == "train":
             self._mark = self._windows_now()
         if self.recorder is not None and not self.steady[phase]:

@@ -249,3 +249,47 @@ def test_tracker_windows_are_the_training_steps_own():
         assert (bg.waits, bg.background_waits, bg.background_in_flight_seconds) == (1, 1, 3.0)
         assert stats.counters[("x2", "forward")].waits == 1 + epoch  # evaluation's, not here
     tracker.close()
+
+
+def test_tracker_records_the_calls_again_when_the_stages_change():
+    # Step aside's arms and decision change the exchanges' stages (run_stages): a recorded
+    # profile records the calls again until they repeat, so the steady step is the new
+    # stages' (before, a run whose trial dropped sampling was predicted as sampled).
+    from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine
+    from lightning_fullgraph.planner.tracker import PredictionTracker
+
+    from .conftest import partitions
+    _, parts = partitions(1)
+    engine = FullGraphEngine(parts[0], exchange=ExchangeConfig(codec="int2"))
+    tracker = PredictionTracker.start(engine)
+
+    class Recorder:  # hands out the calls of the stages running
+        recording = False
+
+        def begin(self):
+            self.recording = True
+
+        def end(self):
+            self.recording = False
+            return ("codec", ) if engine.exchange.policy.stages() else ("exact", )
+
+        def remove(self):
+            pass
+    tracker.recorder.remove()
+    tracker.recorder = Recorder()
+
+    def steps(n):
+        for _ in range(n):
+            tracker.step_start("train")
+            tracker.step_end("train")
+    steps(3)
+    assert tracker.steady["train"] and tracker.profile.train_steady == ("codec", )
+    engine.run_stages(())  # e.g. step aside decided the exact exchange
+    steps(1)  # recorded: the new stages' first step
+    assert not tracker.steady["train"] and not tracker.steady["eval"]
+    assert tracker.profile.train_steady == ("exact", )
+    steps(1)  # the same calls again: steady
+    assert tracker.steady["train"] and tracker.profile.train_steady == ("exact", )
+    steps(2)  # nothing changes: nothing recorded
+    assert tracker.profile.train == (("codec", ), ("exact", ))
+    tracker.close()
