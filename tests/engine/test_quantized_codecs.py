@@ -465,18 +465,27 @@ def test_cpp_equals_reference_bit_for_bit(cpp_ext):
            lambda w, b, f, h: cpp_ext.dequantize(w, b, f, h == "bfloat16"))
 
 
-def test_cpp_equals_reference_on_many_threads_and_large_inputs(cpp_ext):
-    x = torch.randn(3000, 100) * torch.logspace(-3, 3, 3000).unsqueeze(1)
+@pytest.mark.parametrize("rows, f", [(3000, 100), (20000, 5), (9000, 13), (2500, 64)])
+def test_cpp_equals_reference_on_many_threads_and_large_inputs(cpp_ext, rows, f):
+    # Narrow rows (<= 64 values) are quantized in blocks of rows: many blocks, split over
+    # threads, with special rows among them.
+    x = torch.randn(rows, f) * torch.logspace(-3, 3, rows).unsqueeze(1)
+    x[7] = float("nan")
+    x[rows // 3, f // 2] = float("inf")
+    x[rows // 2] = 1.5
+    x[-1, 0], x[-1, -1] = -3e38, 3e38  # a finite row whose range overflows
     key = Q.stream_key(CTX)
     prev = torch.get_num_threads()
     try:
         torch.set_num_threads(max(2, prev))
-        for bits, compact in itertools.product(BITS, (False, True)):
+        for bits, compact, stochastic in itertools.product(BITS, (False, True), (True, False)):
             header = "bfloat16" if compact else "float32"
-            wire = cpp_ext.quantize(x, bits, True, *key, compact)
-            assert torch.equal(wire, Q.quantize(x, bits, True, key, header))
-            assert same_bits(cpp_ext.dequantize(wire, bits, 100, compact),
-                             Q.dequantize(wire, bits, 100, header))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # numpy on NaN rows
+                wire = cpp_ext.quantize(x, bits, stochastic, *key, compact)
+                assert torch.equal(wire, Q.quantize(x, bits, stochastic, key, header))
+                assert same_bits(cpp_ext.dequantize(wire, bits, f, compact),
+                                 Q.dequantize(wire, bits, f, header))
     finally:
         torch.set_num_threads(prev)
 
