@@ -264,7 +264,7 @@ class AggregationRouter:
         seconds = link.exchange_seconds(wire, world)
         if not codec.lossless:
             raw = rows * width * torch.empty((), dtype=dtype).element_size()
-            seconds += link.codec_seconds(raw, raw)
+            seconds += link.codec_seconds(raw, raw, rows, rows)
         return seconds
 
     def resolved_link(self) -> Any:

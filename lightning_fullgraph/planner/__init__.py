@@ -28,8 +28,8 @@ Example::
     link = calibrate_local(2)
     print(predict(profile, counts, link).summary())
 """
-from .calibrate import (DEFAULT_SIZES, calibrate, calibrate_codec, calibrate_contention,
-                        calibrate_local)
+from .calibrate import (DEFAULT_SIZES, calibrate, calibrate_codec, calibrate_codec_costs,
+                        calibrate_contention, calibrate_local)
 from .counts import RankCounts, partition_counts
 from .fit import fit_link, observations
 from .link import LinkModel
@@ -43,6 +43,7 @@ __all__ = [
     "LinkModel",
     "calibrate",
     "calibrate_codec",
+    "calibrate_codec_costs",
     "calibrate_contention",
     "calibrate_local",
     "DEFAULT_SIZES",

@@ -23,8 +23,10 @@ predictions there.  ``skew_s=0`` restores the barrier (the hot path), for compar
 
 The latency is the mean time of an exchange of zero bytes divided by
 the number of peers; the bandwidth is the least-squares slope of the remaining sizes through
-that intercept.  The codec throughput is the median time of ``encode`` + ``decode`` of a block
-of rows (the identity codec by default, which is nearly free).
+that intercept.  The codec's cost is the median time of ``encode`` + ``decode`` of two blocks
+of as many values, in wide rows and in narrow ones (:func:`calibrate_codec_costs`): a bytes
+term and a row term, because a codec that writes a header per row pays per row too (the
+identity codec by default, which is nearly free).
 
 Without a process group (or with one rank) the exchange is what
 :class:`~lightning_fullgraph.engine.Transport` does then: a copy of the send buffer.
@@ -34,15 +36,19 @@ Without a process group (or with one rank) the exchange is what
 import random
 import statistics
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .link import LinkModel
 
-__all__ = ["calibrate", "calibrate_codec", "calibrate_contention", "calibrate_local",
-           "DEFAULT_SIZES"]
+__all__ = ["calibrate", "calibrate_codec", "calibrate_codec_costs", "calibrate_contention",
+           "calibrate_local", "DEFAULT_SIZES"]
+
+#: Values per row of the narrow block :func:`calibrate_codec_costs` times beside the wide one
+#: (the rows of a layer whose outputs are a handful of classes).
+NARROW_WIDTH = 8
 
 #: Bytes one rank sends per exchange in the sweep: latency-bound to bandwidth-bound.
 DEFAULT_SIZES = (0, 1 << 16, 1 << 20, 1 << 23)
@@ -169,6 +175,58 @@ def calibrate_codec(codec: Any = None, *, rows: int = 4096, width: int = 128,
     return max(statistics.median(times), 1e-9)
 
 
+def calibrate_codec_costs(codec: Any = None, *, rows: int = 4096, width: int = 128,
+                          narrow: int = NARROW_WIDTH, repeats: int = 5,
+                          dtype: torch.dtype = torch.float32,
+                          device: Optional[torch.device] = None) -> Tuple[float, float]:
+    r"""Bytes per second and seconds per row of ``encode`` + ``decode`` on this process.
+
+    Times a block of :obj:`rows` rows of :obj:`width` values and a block of as many values in
+    rows of :obj:`narrow` (:func:`calibrate_codec`), and solves
+    :math:`t = n_{rows} (t_{row} + b \, w / TH)` for both: a codec that writes a header per row
+    (:class:`~lightning_fullgraph.engine.codecs.QuantizedCodec`) costs several times more per
+    byte on a 5-class layer's rows than on 256-wide ones, which one throughput cannot tell.
+
+    Args:
+        codec (Codec, optional): The codec (default: the identity codec).
+        rows (int): Rows of the wide block.
+        width (int): Values per row of the wide block.
+        narrow (int): Values per row of the narrow block (:obj:`width` or more: the bytes
+            alone are measured). (default: :obj:`8`)
+        repeats (int): Timed repetitions of each block.
+        dtype (torch.dtype): dtype of the rows.
+        device (torch.device, optional): Where the rows live (default: CPU).
+
+    Returns:
+        Tuple[float, float]: ``(throughput, row_seconds)``: bytes per second (positive) and
+        seconds per row (``>= 0``), as :class:`~.link.LinkModel` holds them.
+    """
+    wide_s = calibrate_codec(codec, rows=rows, width=width, repeats=repeats, dtype=dtype,
+                             device=device)
+    if narrow >= width:
+        return _codec_costs(rows, width, wide_s, 0, narrow, 0.0, dtype)
+    narrow_rows = max(1, rows * width // narrow)
+    narrow_s = calibrate_codec(codec, rows=narrow_rows, width=narrow, repeats=repeats,
+                               dtype=dtype, device=device)
+    return _codec_costs(rows, width, wide_s, narrow_rows, narrow, narrow_s, dtype)
+
+
+def _codec_costs(rows: int, width: int, wide_s: float, narrow_rows: int, narrow: int,
+                 narrow_s: float, dtype: torch.dtype) -> Tuple[float, float]:
+    r"""``(throughput, row_seconds)`` through the two blocks' times (the wide block's bytes
+    alone where the narrow one was not measured or the two disagree: timing noise)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    bytes_only = (rows * width * size / wide_s, 0.0)
+    if narrow_rows <= 0:
+        return bytes_only
+    per_wide, per_narrow = wide_s / rows, narrow_s / narrow_rows
+    per_value = (per_wide - per_narrow) / (width - narrow)
+    row_s = per_narrow - per_value * narrow
+    if not per_value > 0 or not row_s >= 0:
+        return bytes_only
+    return size / per_value, row_s
+
+
 def _dense_rounds(rounds: int, a: torch.Tensor, w: torch.Tensor,
                   work: Any = None) -> Optional[float]:
     r"""Runs :obj:`rounds` dense products (a GNN layer's kind of compute, on the rank's
@@ -289,9 +347,10 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
             puts a barrier there instead.
         device (torch.device, optional): Device of the buffers (default: the current CUDA
             device with NCCL, else CPU).
-        codec (Codec, optional): Codec whose throughput is measured (default: identity).
-        codec_rows (int): Rows of the codec block.
-        codec_width (int): Values per row of the codec block.
+        codec (Codec, optional): Codec whose cost is measured (default: identity).
+        codec_rows (int): Rows of the codec's wide block.
+        codec_width (int): Values per row of the codec's wide block (a block of as many
+            values in rows of 8 is timed too: :func:`calibrate_codec_costs`).
         contention (bool): Also measure :attr:`~.link.LinkModel.contention`
             (:func:`calibrate_contention`: ten compute blocks of 0.2 s and the transfers
             beside five of them; CPU tensors only, else left at 0).
@@ -310,23 +369,30 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
         raise ValueError(f"skew_s must be >= 0, got {skew_s}")
     times = _sweep(sizes, world, rank, group, device, repeats, warmup, float(skew_s))
     means = _fastest_rank_means(times, world, backend, group, device)
+    # The codec's wide and narrow blocks (calibrate_codec_costs), each the slowest rank's:
+    # every rank must hold the same numbers.
+    narrow = min(NARROW_WIDTH, codec_width)
+    narrow_rows = codec_rows * codec_width // narrow if narrow < codec_width else 0
     codec_s = torch.tensor([calibrate_codec(codec, rows=codec_rows, width=codec_width,
-                                            repeats=min(repeats, 7), device=device)],
-                           dtype=torch.float64)
-    if world > 1:  # the slowest rank's codec: every rank must hold the same number
+                                            repeats=min(repeats, 7), device=device),
+                            calibrate_codec(codec, rows=narrow_rows, width=narrow,
+                                            repeats=min(repeats, 7), device=device)
+                            if narrow_rows else 0.0], dtype=torch.float64)
+    if world > 1:
         buf = codec_s.to(device) if backend == "nccl" else codec_s
         dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group)
         codec_s = buf.cpu()
-    codec_s = float(codec_s)
+    throughput, row_s = _codec_costs(codec_rows, codec_width, float(codec_s[0]), narrow_rows,
+                                     narrow, float(codec_s[1]), torch.float32)
     if world > 1:  # bytes actually sent: whole floats, evenly over the peers
         sent = [(s // 4 // (world - 1)) * (world - 1) * 4 for s in sizes]
     else:
         sent = [s // 4 * 4 for s in sizes]
     alpha, beta = _fit(sent, means, world)
-    codec_bytes = codec_rows * codec_width * 4
     share = calibrate_contention(group, beta=beta) \
         if contention and world > 1 and device.type == "cpu" else 0.0
-    return LinkModel(alpha=alpha, beta=beta, codec_throughput=codec_bytes / codec_s,
+    return LinkModel(alpha=alpha, beta=beta, codec_throughput=throughput,
+                     codec_row_seconds=row_s,
                      world_size=world, backend=backend, device=str(device),
                      samples=list(zip(sent, means)),
                      codec=type(codec).__name__ if codec is not None else "IdentityCodec",

@@ -140,4 +140,5 @@ def fit_link(samples: Iterable[Tuple[int, int, float]], world_size: int,
                      samples=[(b // n, t / n) for n, b, t in samples],
                      codec=prior.codec if prior is not None else "IdentityCodec",
                      source="training",
-                     contention=prior.contention if prior is not None else 0.0)
+                     contention=prior.contention if prior is not None else 0.0,
+                     codec_row_seconds=prior.codec_row_seconds if prior is not None else 0.0)

@@ -8,7 +8,9 @@ needs, measured by :mod:`.calibrate` on the process group that trains:
 * :attr:`~LinkModel.beta`, the bandwidth in bytes per second one rank moves through it
   (SuperGCN's :math:`BW`);
 * :attr:`~LinkModel.codec_throughput`, the bytes per second a codec encodes and decodes
-  (SuperGCN's :math:`TH_{cal}`);
+  (SuperGCN's :math:`TH_{cal}`), and :attr:`~LinkModel.codec_row_seconds`, what each row
+  costs on top (a codec that writes a header per row pays it per row: a 5-class layer's
+  rows cost it ten times more per byte than 256-wide ones);
 * :attr:`~LinkModel.contention`, the fraction of its compute a rank loses while its own
   transfers are in flight (moving bytes takes the cores that compute too): what overlap costs.
 
@@ -33,7 +35,8 @@ class LinkModel:
         alpha (float): Seconds of latency per peer and exchange.
         beta (float): Bytes per second one rank sends (and receives) in an exchange.
         codec_throughput (float): Bytes per second of ``encode`` + ``decode`` of the codec
-            that was measured (the identity codec unless stated otherwise).
+            that was measured (the identity codec unless stated otherwise), each row's own
+            cost aside.
         world_size (int): Ranks of the group it was measured on.
         backend (str): ``"gloo"``, ``"nccl"`` or ``"none"`` (one process: a memory copy).
         device (str): Device of the measured tensors.
@@ -43,6 +46,9 @@ class LinkModel:
         contention (float): Compute seconds a rank loses per second that a transfer of its own
             is in flight beside it, in ``[0, 1)`` (:func:`~.calibrate.calibrate_contention`;
             ``0.0``: not measured, overlap taken as free).
+        codec_row_seconds (float): Seconds of ``encode`` + ``decode`` per row on top of its
+            bytes (:func:`~.calibrate.calibrate_codec_costs`; ``0.0``: not measured, the
+            throughput alone).
         source (str): How it was measured: ``"ping-pong"`` (:func:`~.calibrate.calibrate`) or
             ``"training"`` (:func:`~.fit.fit_link`, from the exchanges of a run).
     """
@@ -56,6 +62,7 @@ class LinkModel:
     codec: str = "IdentityCodec"
     source: str = "ping-pong"
     contention: float = 0.0
+    codec_row_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "codec_throughput"):
@@ -65,6 +72,10 @@ class LinkModel:
             setattr(self, name, value)
         self.samples = [(int(b), float(s)) for b, s in self.samples]
         self.contention = float(self.contention)
+        self.codec_row_seconds = float(self.codec_row_seconds)
+        if not self.codec_row_seconds >= 0 or math.isinf(self.codec_row_seconds):
+            raise ValueError(f"LinkModel.codec_row_seconds must be finite and >= 0, got "
+                             f"{self.codec_row_seconds}")
         if not 0.0 <= self.contention < 1.0:
             raise ValueError(f"LinkModel.contention must be in [0, 1), got {self.contention}")
         if self.source not in ("ping-pong", "training"):
@@ -100,20 +111,25 @@ class LinkModel:
             raise ValueError(f"link rate must be positive and finite, got {bits_per_second}")
         return replace(self, beta=min(self.beta, rate / 8.0))
 
-    def codec_seconds(self, bytes_encoded: float, bytes_decoded: float) -> float:
+    def codec_seconds(self, bytes_encoded: float, bytes_decoded: float,
+                      rows_encoded: float = 0, rows_decoded: float = 0) -> float:
         r"""Predicted seconds a rank spends encoding and decoding.
 
         Args:
             bytes_encoded (float): Decoded-size bytes the rank encodes (sends).
             bytes_decoded (float): Decoded-size bytes the rank decodes (receives).
+            rows_encoded (float): Rows they make up. (default: :obj:`0`: bytes alone)
+            rows_decoded (float): Rows of the received bytes. (default: :obj:`0`)
 
         Returns:
-            float: ``(bytes_encoded + bytes_decoded) / (2 * codec_throughput)``: the
-            throughput counts one encode and one decode of the same bytes.
+            float: ``(bytes_encoded + bytes_decoded) / (2 * codec_throughput)`` plus
+            ``(rows_encoded + rows_decoded) * codec_row_seconds / 2``: both count one
+            encode and one decode of the same rows.
         """
         if math.isinf(self.codec_throughput):
             return 0.0
-        return (float(bytes_encoded) + float(bytes_decoded)) / (2.0 * self.codec_throughput)
+        return (float(bytes_encoded) + float(bytes_decoded)) / (2.0 * self.codec_throughput) \
+            + (float(rows_encoded) + float(rows_decoded)) * self.codec_row_seconds / 2.0
 
     def to_dict(self) -> Dict[str, Any]:
         r"""JSON-able dictionary (infinite throughput as ``None``).
@@ -188,6 +204,8 @@ class LinkModel:
         """
         codec = "" if math.isinf(self.codec_throughput) else \
             f", codec {self.codec_throughput / 1e9:.2f} GB/s"
+        if codec and self.codec_row_seconds:
+            codec += f" + {self.codec_row_seconds * 1e9:.0f} ns/row"
         source = ", fitted to training" if self.source == "training" else ""
         overlap = f", overlap costs {self.contention:.0%} of compute" if self.contention else ""
         return (f"alpha {self.alpha * 1e6:.1f} us/peer, beta {self.beta / 1e9:.3f} GB/s{codec}"

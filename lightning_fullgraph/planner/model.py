@@ -227,8 +227,8 @@ class CommunicationModel:
         sent, received = self.call_rows(call, counts)
         s, r = sum(sent), sum(received)
         seconds = self.link.exchange_seconds(max(s, r) * call.row_bytes, counts.world_size)
-        codec = self.link.codec_seconds(s * call.decoded_row_bytes, r * call.decoded_row_bytes) \
-            if counts.world_size > 1 else 0.0
+        codec = self.link.codec_seconds(s * call.decoded_row_bytes, r * call.decoded_row_bytes,
+                                        s, r) if counts.world_size > 1 else 0.0
         return seconds, codec
 
     def rank_bytes(self, counts: RankCounts, calls: Counter) -> Dict[str, int]:

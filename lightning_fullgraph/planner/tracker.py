@@ -143,12 +143,13 @@ class PredictionTracker:
             # rank alone (the predicted seconds are maxed over ranks when logged).
             codec = next((c for c in policy.codecs() if not c.lossless), None)
             if codec is not None and type(codec).__name__ != link.codec:
-                from .calibrate import _default_device, calibrate_codec
+                from .calibrate import _default_device, calibrate_codec_costs
                 group = getattr(engine, "group", None)
                 device = _default_device(dist.get_backend(group)) \
                     if dist.is_available() and dist.is_initialized() else None
-                seconds = calibrate_codec(codec, rows=16384, width=256, device=device)
-                link = replace(link, codec_throughput=16384 * 256 * 4 / seconds,
+                throughput, row_s = calibrate_codec_costs(codec, rows=16384, width=256,
+                                                          device=device)
+                link = replace(link, codec_throughput=throughput, codec_row_seconds=row_s,
                                codec=type(codec).__name__)
         tracker = cls(engine, profile, link)
         if profile is None and tracker.recorder is None:

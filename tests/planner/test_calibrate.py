@@ -1,10 +1,12 @@
 """Calibration without a process group (the multi-rank case runs in test_distributed.py)."""
+import importlib
 import math
 
 import pytest
 import torch
 
-from lightning_fullgraph.planner import calibrate, calibrate_codec, calibrate_contention
+from lightning_fullgraph.planner import (calibrate, calibrate_codec, calibrate_codec_costs,
+                                         calibrate_contention)
 from lightning_fullgraph.planner.calibrate import _fastest_rank_means, _fit
 from lightning_fullgraph.testing import run_distributed
 
@@ -30,6 +32,37 @@ def test_codec_timing_and_fit():
     assert alpha == pytest.approx(1e-3) and beta == pytest.approx(1e9)
     alpha, beta = _fit(sizes, [3e-3, 2e-3, 2e-3], world=4)  # noise: no negative bandwidth
     assert beta > 0 and alpha == pytest.approx(1e-3)
+
+
+def test_codec_costs_split_bytes_and_rows(monkeypatch):
+    # A codec of 1 GB/s and 100 ns per row: both recovered from its two blocks' times.
+    def timed(codec=None, *, rows, width, **kwargs):
+        return rows * (100e-9 + width * 4 / 1e9)
+
+    module = importlib.import_module("lightning_fullgraph.planner.calibrate")
+    monkeypatch.setattr(module, "calibrate_codec", timed)
+    throughput, row_s = calibrate_codec_costs(rows=4096, width=128)
+    assert throughput == pytest.approx(1e9) and row_s == pytest.approx(100e-9)
+    assert calibrate_codec_costs(rows=4096, width=8) == pytest.approx((4096 * 8 * 4 / timed(
+        rows=4096, width=8), 0.0))  # no narrower block: the bytes alone
+    # Narrow rows timed cheaper per value than wide ones (noise): the bytes alone, no
+    # negative row cost.
+    monkeypatch.setattr(module, "calibrate_codec",
+                        lambda codec=None, *, rows, width, **kw: rows * width * (
+                            1e-9 if width < 128 else 2e-9))
+    assert calibrate_codec_costs(rows=4096, width=128) == pytest.approx((2e9, 0.0))
+    # calibrate() holds both in its LinkModel.
+    monkeypatch.setattr(module, "calibrate_codec", timed)
+    link = calibrate(sizes=(0, 1 << 16), repeats=2, warmup=0, codec_rows=256)
+    assert link.codec_throughput == pytest.approx(1e9)
+    assert link.codec_row_seconds == pytest.approx(100e-9)
+
+
+def test_quantized_codec_costs_are_measured():
+    from lightning_fullgraph.engine.codecs import QuantizedCodec
+    throughput, row_s = calibrate_codec_costs(QuantizedCodec(2), rows=256, width=256,
+                                              repeats=2)
+    assert 0 < throughput < math.inf and row_s >= 0
 
 
 def _gathered_means(rank, world_size):

@@ -1,5 +1,6 @@
 """The communication model on a small partitioned graph: rows, bytes, seconds, memory."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch.nn.functional as F
@@ -102,6 +103,11 @@ def test_seconds_follow_the_busiest_rank(parts3):
         expect += times * (1e-4 * 2 + worst / 1e9)
     assert pred.seconds == pytest.approx(expect)
     assert pred.codec_seconds > 0
+    # A row term adds its rows' cost, per call, on the rank that codes most.
+    rowed = CommunicationModel(profile, replace(link, codec_row_seconds=1e-6)).predict(
+        counts, train_steps=2, eval_forwards=1)
+    assert rowed.seconds == pytest.approx(expect)
+    assert rowed.codec_seconds > pred.codec_seconds
     assert pred.summary()["exchanges"] == sum(calls.values())
     layers = pred.layers()
     assert set(layers) == {"convs.0", "convs.1"}
@@ -171,6 +177,19 @@ def test_link_model_round_trip_and_validation(tmp_path):
     for bad in (1.0, -0.1):
         with pytest.raises(ValueError, match="contention must be in"):
             LinkModel(alpha=1.0, beta=1.0, contention=bad)
+    # A codec's cost per row on top of its bytes: kept, said, counted once per row encoded
+    # and once per row decoded; a file from before the field prices the bytes alone.
+    coded = LinkModel(alpha=2e-5, beta=3e9, codec_throughput=1e9, codec_row_seconds=4e-8)
+    assert LinkModel.load(coded.save(tmp_path / "r.json")) == coded
+    assert "+ 40 ns/row" in coded.describe()
+    assert coded.codec_seconds(2e6, 2e6) == pytest.approx(2e-3)
+    assert coded.codec_seconds(2e6, 2e6, 1e5, 3e5) == pytest.approx(2e-3 + 4e5 * 4e-8 / 2)
+    old = coded.to_dict()
+    del old["codec_row_seconds"]
+    assert LinkModel.from_dict(old).codec_row_seconds == 0.0
+    for bad in (-1e-9, math.inf):
+        with pytest.raises(ValueError, match="codec_row_seconds"):
+            LinkModel(alpha=1.0, beta=1.0, codec_row_seconds=bad)
 
 
 @pytest.mark.parametrize("policy, what", [
