@@ -298,7 +298,7 @@ class CommunicationMonitor(Callback):
         values = torch.tensor([local[n] for n in names], dtype=torch.float64)
         extra = call_seconds if call_seconds is not None else torch.zeros(0, dtype=torch.float64)
         # The windows of the training steps only: evaluation overlaps exchanges that training
-        # may run synchronously (boundary sampling, the halo cache).
+        # may run synchronously (the halo cache).
         step_seconds = self.predictor.step_seconds(self.predictor.training_windows()) \
             if call_seconds is not None else None
         if step_seconds is not None:

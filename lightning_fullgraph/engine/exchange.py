@@ -250,24 +250,30 @@ class HaloExchange:
     def _extend_split(self, x: Tensor, key: str, training: bool) -> Optional[SplitRows]:
         r"""Starts the post channel's transfer and returns the owned rows with a function
         that completes it (the overlap), or ``None`` where a policy needs the synchronous
-        path (halo cache, pipeline, boundary sampling).  Either way the same collectives
-        run with the same sizes, so ranks may decide differently."""
+        path (halo cache, pipeline).  Boundary sampling overlaps too: its kept rows travel
+        while the owned part aggregates, and their gradients while the owned part's
+        backward runs.  Either way the same collectives run with the same sizes, so ranks
+        may decide differently."""
         if self.post_empty or x.dim() != 2:
             return None
-        if training and (self.policy.pipeline is not None or self._sampled() is not None
+        if training and (self.policy.pipeline is not None
                          or self.policy.cache(key, "forward") is not None
                          or self.policy.cache(key, "backward") is not None):
             return None
+        sampled = self._sampled() if training else None
         send = x.index_select(0, self.plan.post.send_index)
-        complete = self._transfer_async(send.detach(), self._post_send, self._post_recv, key,
-                                        "forward", self._post_levels("forward"))
+        if sampled is None:
+            complete = self._transfer_async(send.detach(), self._post_send, self._post_recv,
+                                            key, "forward", self._post_levels("forward"))
+        else:
+            complete = self._start_sampled(send.detach(), sampled, key, "forward")
         # Backward overlap: the halo rows' gradients start back to their owners as soon as
         # they are computed (the halo part's backward runs first), and the owned part's
         # backward runs while they travel; _OwnedGrad waits for them and adds them in.
         handoff = _GradHandoff() if x.requires_grad and torch.is_grad_enabled() else None
         local = _OwnedGrad.apply(x, self, handoff) if handoff is not None else x
         return SplitRows(local, lambda: _HaloRecv.apply(send, self, key, training, complete,
-                                                        handoff), self.num_halo)
+                                                        handoff, sampled), self.num_halo)
 
     @torch.compiler.disable
     def reduce(self, aggregated: Tensor, key: str = "x.pre", in_place: bool = False) -> Tensor:
@@ -513,12 +519,20 @@ class HaloExchange:
         device = self.plan.pre.recv_index.device
         return send.to(device), recv.to(device)
 
+    def _start_sampled(self, rows: Tensor, sampled: Tuple[Tensor, Tensor], key: str,
+                       direction: str) -> Callable[[], Tensor]:
+        r"""Starts :meth:`_send_sampled`'s transfer of the post channel (no halo cache, no
+        pipeline) and returns the function that completes it (the overlap)."""
+        return self._send_sampled(rows, sampled, key, direction, start_only=True)
+
     def _send_sampled(self, rows: Tensor, sampled: Tuple[Tensor, Tensor], key: str,
-                      direction: str, channel: str = "post") -> Tensor:
+                      direction: str, channel: str = "post", start_only: bool = False):
         r"""Rows (forward) or gradients (backward) of the kept send slots only, scaled by
         :math:`1/p`; the other rows arrive as zeros.  :obj:`sampled` is ``(kept send slots,
         kept received rows)`` of the :obj:`channel` (``"post"``: source rows and halo rows;
-        ``"pre"``: pre slots and the partial aggregates received)."""
+        ``"pre"``: pre slots and the partial aggregates received).  :obj:`start_only` (no
+        halo cache, no pipeline): start the transfer and return the function that completes
+        it instead."""
         send_kept, recv_kept = sampled
         sends, recvs = (self._post_send, self._post_recv) if channel == "post" \
             else (self._pre_send, self._pre_recv)
@@ -561,15 +575,20 @@ class HaloExchange:
             return placed(self._transfer(payload, sends_kept, recvs_kept, key, direction,
                                          levels)[0])
 
+        self.stats.record_cache(key, direction, eligible=mine.numel(),
+                                skipped=mine.numel() - int(mine.sum()))
+        shape = tuple(rows.shape[1:])
+        if start_only:  # overlapped: the caller completes the transfer
+            finish = self._transfer_async(payload, sends_kept, recvs_kept, key, direction,
+                                          levels)
+            return lambda: placed(finish()).reshape((theirs.numel(), ) + shape)
         pipeline = self.policy.pipeline
         if pipeline is not None:  # the previous step's sample, one step stale
             out = self._pipelined((channel, key, direction), (theirs.numel(), flat.size(1)),
                                   pipeline, start, now, key, direction)
         else:
             out = now()
-        self.stats.record_cache(key, direction, eligible=mine.numel(),
-                                skipped=mine.numel() - int(mine.sum()))
-        return out.reshape((out.size(0), ) + tuple(rows.shape[1:]))
+        return out.reshape((out.size(0), ) + shape)
 
     def set_policy(self, policy: Any) -> None:
         r"""Exchanges from now on follow :obj:`policy`.  Transfers in flight complete first;
@@ -874,22 +893,33 @@ class _HaloRecv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, send: Tensor, ex: HaloExchange, key: str, training: bool,
-                complete, handoff: Optional[_GradHandoff] = None) -> Tensor:
+                complete, handoff: Optional[_GradHandoff] = None,
+                sampled: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
         ctx.ex, ctx.key, ctx.training, ctx.handoff = ex, key, training, handoff
+        ctx.sampled = sampled  # the forward's draw: the gradients travel the same rows
         return complete().to(send.dtype)
 
     @staticmethod
     def backward(ctx, grad_halo: Tensor):
         ex: HaloExchange = ctx.ex
         handoff: Optional[_GradHandoff] = ctx.handoff
+        grad_halo = grad_halo.contiguous()
+        nones = (None, ) * 6
         if handoff is not None and not handoff.owned_done:
-            handoff.pending = ex._transfer_async(grad_halo.contiguous(), ex._post_recv,
-                                                 ex._post_send, ctx.key, "backward",
-                                                 ex._post_levels("backward"))
-            return None, None, None, None, None, None
-        grad_send = ex._send(grad_halo.contiguous(), ex._post_recv, ex._post_send, ctx.key,
-                             "backward", ex._post_levels("backward"), ctx.training)
-        return grad_send.to(grad_halo.dtype), None, None, None, None, None
+            if ctx.sampled is not None:
+                handoff.pending = ex._start_sampled(grad_halo, ctx.sampled, ctx.key,
+                                                    "backward")
+            else:
+                handoff.pending = ex._transfer_async(grad_halo, ex._post_recv, ex._post_send,
+                                                     ctx.key, "backward",
+                                                     ex._post_levels("backward"))
+            return (None, ) + nones
+        if ctx.sampled is not None:
+            grad_send = ex._send_sampled(grad_halo, ctx.sampled, ctx.key, "backward")
+        else:
+            grad_send = ex._send(grad_halo, ex._post_recv, ex._post_send, ctx.key, "backward",
+                                 ex._post_levels("backward"), ctx.training)
+        return (grad_send.to(grad_halo.dtype), ) + nones
 
 
 class _OwnedGrad(torch.autograd.Function):

@@ -236,9 +236,9 @@ def test_tracker_measures_the_codec_a_link_from_a_file_lacks():
 
 
 def test_tracker_windows_are_the_training_steps_own():
-    # Boundary sampling and the halo cache exchange synchronously in training but overlap in
-    # evaluation: the windows the planner hides training's transfers behind are those measured
-    # between a training step's start and end, not evaluation's.
+    # The halo cache exchanges synchronously in training but overlaps in evaluation: the
+    # windows the planner hides training's transfers behind are those measured between a
+    # training step's start and end, not evaluation's.
     from lightning_fullgraph.engine import FullGraphEngine
     from lightning_fullgraph.planner import LinkModel
     from lightning_fullgraph.planner.tracker import PredictionTracker
