@@ -18,7 +18,7 @@ compiled model exchanges rows exactly as an eager one.
 """
 import math
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -520,19 +520,25 @@ class HaloExchange:
         return send.to(device), recv.to(device)
 
     def _start_sampled(self, rows: Tensor, sampled: Tuple[Tensor, Tensor], key: str,
-                       direction: str) -> Callable[[], Tensor]:
+                       direction: str) -> Callable[[], Any]:
         r"""Starts :meth:`_send_sampled`'s transfer of the post channel (no halo cache, no
-        pipeline) and returns the function that completes it (the overlap)."""
-        return self._send_sampled(rows, sampled, key, direction, start_only=True)
+        pipeline) and returns the function that completes it (the overlap): halo rows
+        forward, the :class:`KeptRows` of the send slots backward."""
+        return self._send_sampled(rows, sampled, key, direction, start_only=True,
+                                  compact=direction == "backward")
 
     def _send_sampled(self, rows: Tensor, sampled: Tuple[Tensor, Tensor], key: str,
-                      direction: str, channel: str = "post", start_only: bool = False):
+                      direction: str, channel: str = "post", start_only: bool = False,
+                      compact: bool = False):
         r"""Rows (forward) or gradients (backward) of the kept send slots only, scaled by
         :math:`1/p`; the other rows arrive as zeros.  :obj:`sampled` is ``(kept send slots,
         kept received rows)`` of the :obj:`channel` (``"post"``: source rows and halo rows;
         ``"pre"``: pre slots and the partial aggregates received).  :obj:`start_only` (no
         halo cache, no pipeline): start the transfer and return the function that completes
-        it instead."""
+        it instead.  :obj:`compact`, for a caller that adds the rows into others: the
+        :class:`KeptRows` received, without the zero rows (a buffer of every row, nine in
+        ten of them zeros at rate 0.1, written and then added for nothing); ignored with
+        the halo cache or the pipeline."""
         send_kept, recv_kept = sampled
         sends, recvs = (self._post_send, self._post_recv) if channel == "post" \
             else (self._pre_send, self._pre_recv)
@@ -554,17 +560,24 @@ class HaloExchange:
             return out.reshape((out.size(0), ) + tuple(rows.shape[1:]))
         if levels is not None:
             levels = (levels[0].to(mine.device)[mine], levels[1].to(theirs.device)[theirs])
-        payload = flat[mine] * scale if direction == "backward" else flat[mine]
+        # Positions, not masks: a gather and a scatter of the kept rows by index are several
+        # times faster than by a boolean mask of every row.
+        mine_at, theirs_at = mine.nonzero().squeeze(1), theirs.nonzero().squeeze(1)
+        payload = flat.index_select(0, mine_at)
+        if direction == "backward":
+            payload = payload * scale
         sends_kept, recvs_kept = per_peer(mine, counts_out), per_peer(theirs, counts_in)
+        compact = compact and self.policy.pipeline is None
 
-        def placed(received: Tensor) -> Tensor:
+        def placed(received: Tensor) -> Any:
             # The rows of the kept slots in place, zeros elsewhere: with the pipeline, the
             # slots its transfer was drawn for (this closure's step), not the next step's.
             if direction == "forward":
                 received = received * scale
+            if compact:
+                return KeptRows(theirs_at, received.to(flat.dtype))
             out = flat.new_zeros((theirs.numel(), flat.size(1)))
-            out[theirs] = received.to(out.dtype)
-            return out
+            return out.index_copy_(0, theirs_at, received.to(out.dtype))
 
         def start() -> Callable[[], Tensor]:
             finish = self._transfer_async(payload, sends_kept, recvs_kept, key, direction,
@@ -578,17 +591,23 @@ class HaloExchange:
         self.stats.record_cache(key, direction, eligible=mine.numel(),
                                 skipped=mine.numel() - int(mine.sum()))
         shape = tuple(rows.shape[1:])
+
+        def shaped(out: Any) -> Any:
+            if isinstance(out, KeptRows):
+                return KeptRows(out.index, out.rows.reshape((out.rows.size(0), ) + shape))
+            return out.reshape((out.size(0), ) + shape)
+
         if start_only:  # overlapped: the caller completes the transfer
             finish = self._transfer_async(payload, sends_kept, recvs_kept, key, direction,
                                           levels)
-            return lambda: placed(finish()).reshape((theirs.numel(), ) + shape)
+            return lambda: shaped(placed(finish()))
         pipeline = self.policy.pipeline
         if pipeline is not None:  # the previous step's sample, one step stale
             out = self._pipelined((channel, key, direction), (theirs.numel(), flat.size(1)),
                                   pipeline, start, now, key, direction)
         else:
             out = now()
-        return out.reshape((out.size(0), ) + shape)
+        return shaped(out)
 
     def set_policy(self, policy: Any) -> None:
         r"""Exchanges from now on follow :obj:`policy`.  Transfers in flight complete first;
@@ -824,6 +843,22 @@ class HaloExchange:
         return self.halo_levels, self.send_levels  # gradients flow back to the owners
 
 
+class KeptRows(NamedTuple):
+    r"""Rows boundary sampling kept, received without the zero rows of the others:
+    :obj:`rows` belong at :obj:`index` among every row received."""
+    index: Tensor
+    rows: Tensor
+
+
+def _add_received(into: Tensor, at: Tensor, received: Any, in_place: bool = False) -> Tensor:
+    r""":obj:`into` with the rows received added at positions :obj:`at` (``index_add``; of
+    :class:`KeptRows`, only the kept rows: the others are zeros)."""
+    add = into.index_add_ if in_place else into.index_add
+    if isinstance(received, KeptRows):
+        return add(0, at.index_select(0, received.index), received.rows.to(into.dtype))
+    return add(0, at, received.to(into.dtype))
+
+
 class _HaloRows(torch.autograd.Function):
     r"""``[N_own, *] -> [N_own + N_halo, *]``; backward returns halo gradients to owners."""
 
@@ -848,7 +883,11 @@ class _HaloRows(torch.autograd.Function):
             ex._send(send, ex._post_send, ex._post_recv, key, "forward",
                      ex._post_levels("forward"), training, into=halo)
         else:
-            halo.copy_(ex._send_sampled(send, sampled, key, "forward"))
+            received = ex._send_sampled(send, sampled, key, "forward", compact=True)
+            if isinstance(received, KeptRows):  # received into the buffer itself
+                halo.zero_().index_copy_(0, received.index, received.rows.to(halo.dtype))
+            else:
+                halo.copy_(received)
         return rows
 
     @staticmethod
@@ -865,9 +904,10 @@ class _HaloRows(torch.autograd.Function):
             grad_halo = ex._send(grad_rows, ex._post_recv, ex._post_send, ctx.key, "backward",
                                  ex._post_levels("backward"), ctx.training)
         else:
-            grad_halo = ex._send_sampled(grad_rows, ctx.sampled, ctx.key, "backward")
-        grad_own.index_add_(0, ex.plan.post.send_index, grad_halo.to(grad_own.dtype))
-        return grad_own, None, None, None, None
+            grad_halo = ex._send_sampled(grad_rows, ctx.sampled, ctx.key, "backward",
+                                         compact=True)
+        return _add_received(grad_own, ex.plan.post.send_index, grad_halo, in_place=True), \
+            None, None, None, None
 
 
 class _GradHandoff:
@@ -880,9 +920,9 @@ class _GradHandoff:
         self.pending = None  # completes the transfer: -> [S, F] gradients of the send rows
         self.owned_done = False
 
-    def add_into(self, ex: "HaloExchange", grad: Tensor, pending: Callable[[], Tensor]) -> Tensor:
+    def add_into(self, ex: "HaloExchange", grad: Tensor, pending: Callable[[], Any]) -> Tensor:
         r""":obj:`grad` of the owned rows plus the send rows' gradients that came back."""
-        return grad.index_add(0, ex.plan.post.send_index, pending().to(grad.dtype))
+        return _add_received(grad, ex.plan.post.send_index, pending())
 
 
 class _HaloRecv(torch.autograd.Function):
@@ -981,10 +1021,12 @@ class _PreRows(torch.autograd.Function):
                                 "forward", training=training, channel="pre")
         else:
             received = ex._send_sampled(aggregated[n:].contiguous(), sampled, key, "forward",
-                                        channel="pre")
+                                        channel="pre", compact=True)
         out = _owned_rows(aggregated, n) if in_place else aggregated[:n].clone()
-        out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
-        return out
+        if isinstance(received, KeptRows):
+            return out.index_add_(0, ex.plan.pre.recv_index.index_select(0, received.index),
+                                  received.rows.to(out.dtype))
+        return out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
