@@ -523,7 +523,7 @@ class HaloExchange:
                        direction: str) -> Callable[[], Any]:
         r"""Starts :meth:`_send_sampled`'s transfer of the post channel (no halo cache, no
         pipeline) and returns the function that completes it (the overlap): halo rows
-        forward, the :class:`KeptRows` of the send slots backward."""
+        forward, the :class:`_KeptRows` of the send slots backward."""
         return self._send_sampled(rows, sampled, key, direction, start_only=True,
                                   compact=direction == "backward")
 
@@ -536,7 +536,7 @@ class HaloExchange:
         ``"pre"``: pre slots and the partial aggregates received).  :obj:`start_only` (no
         halo cache, no pipeline): start the transfer and return the function that completes
         it instead.  :obj:`compact`, for a caller that adds the rows into others: the
-        :class:`KeptRows` received, without the zero rows (a buffer of every row, nine in
+        :class:`_KeptRows` received, without the zero rows (a buffer of every row, nine in
         ten of them zeros at rate 0.1, written and then added for nothing); ignored with
         the halo cache or the pipeline."""
         send_kept, recv_kept = sampled
@@ -575,7 +575,7 @@ class HaloExchange:
             if direction == "forward":
                 received = received * scale
             if compact:
-                return KeptRows(theirs_at, received.to(flat.dtype))
+                return _KeptRows(theirs_at, received.to(flat.dtype))
             out = flat.new_zeros((theirs.numel(), flat.size(1)))
             return out.index_copy_(0, theirs_at, received.to(out.dtype))
 
@@ -593,8 +593,8 @@ class HaloExchange:
         shape = tuple(rows.shape[1:])
 
         def shaped(out: Any) -> Any:
-            if isinstance(out, KeptRows):
-                return KeptRows(out.index, out.rows.reshape((out.rows.size(0), ) + shape))
+            if isinstance(out, _KeptRows):
+                return _KeptRows(out.index, out.rows.reshape((out.rows.size(0), ) + shape))
             return out.reshape((out.size(0), ) + shape)
 
         if start_only:  # overlapped: the caller completes the transfer
@@ -843,7 +843,7 @@ class HaloExchange:
         return self.halo_levels, self.send_levels  # gradients flow back to the owners
 
 
-class KeptRows(NamedTuple):
+class _KeptRows(NamedTuple):
     r"""Rows boundary sampling kept, received without the zero rows of the others:
     :obj:`rows` belong at :obj:`index` among every row received."""
     index: Tensor
@@ -852,9 +852,9 @@ class KeptRows(NamedTuple):
 
 def _add_received(into: Tensor, at: Tensor, received: Any, in_place: bool = False) -> Tensor:
     r""":obj:`into` with the rows received added at positions :obj:`at` (``index_add``; of
-    :class:`KeptRows`, only the kept rows: the others are zeros)."""
+    :class:`_KeptRows`, only the kept rows: the others are zeros)."""
     add = into.index_add_ if in_place else into.index_add
-    if isinstance(received, KeptRows):
+    if isinstance(received, _KeptRows):
         return add(0, at.index_select(0, received.index), received.rows.to(into.dtype))
     return add(0, at, received.to(into.dtype))
 
@@ -884,7 +884,7 @@ class _HaloRows(torch.autograd.Function):
                      ex._post_levels("forward"), training, into=halo)
         else:
             received = ex._send_sampled(send, sampled, key, "forward", compact=True)
-            if isinstance(received, KeptRows):  # received into the buffer itself
+            if isinstance(received, _KeptRows):  # received into the buffer itself
                 halo.zero_().index_copy_(0, received.index, received.rows.to(halo.dtype))
             else:
                 halo.copy_(received)
@@ -1023,7 +1023,7 @@ class _PreRows(torch.autograd.Function):
             received = ex._send_sampled(aggregated[n:].contiguous(), sampled, key, "forward",
                                         channel="pre", compact=True)
         out = _owned_rows(aggregated, n) if in_place else aggregated[:n].clone()
-        if isinstance(received, KeptRows):
+        if isinstance(received, _KeptRows):
             return out.index_add_(0, ex.plan.pre.recv_index.index_select(0, received.index),
                                   received.rows.to(out.dtype))
         return out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
