@@ -155,6 +155,25 @@ inline Header row_header(const float* __restrict x, int64_t f, int bits, bool co
   return h;
 }
 
+// The row's header: Z and S as float32, or (compact) their high halves, exact: both values
+// are bfloat16 (or the NaN).
+inline void write_header(uint8_t* wr, const Header& h, bool compact) {
+  if (compact) {
+    const uint16_t hz = static_cast<uint16_t>(float_to_bits(h.head_zero) >> 16);
+    const uint16_t hs = static_cast<uint16_t>(float_to_bits(h.head_scale) >> 16);
+    std::memcpy(wr, &hz, 2);
+    std::memcpy(wr + 2, &hs, 2);
+  } else {
+    std::memcpy(wr, &h.head_zero, 4);
+    std::memcpy(wr + 4, &h.head_scale, 4);
+  }
+}
+
+// The hash key of row r's random numbers (the column is mixed in per value).
+inline uint32_t row_hash_key(int64_t r, uint32_t k0, uint32_t k1) {
+  return fmix32(static_cast<uint32_t>(r) * kRowMul + k0) ^ k1;
+}
+
 // Codes of features [c0, c0 + n) of one row into codes[0, n); a WIDE row in quarters.
 template <int BITS, bool STOCH, bool WIDE>
 inline void row_codes(const float* __restrict x, int64_t c0, int64_t n, const Header& h, uint32_t row_key,
@@ -192,16 +211,8 @@ void encode_rows(const float* x, int64_t r0, int64_t r1, int64_t f, int64_t widt
     const float* xr = x + r * f;
     uint8_t* wr = wire + r * width;
     const Header h = row_header(xr, f, BITS, compact);
-    if (compact) {  // the high halves, exact: both values are bfloat16 (or the NaN)
-      const uint16_t hz = static_cast<uint16_t>(float_to_bits(h.head_zero) >> 16);
-      const uint16_t hs = static_cast<uint16_t>(float_to_bits(h.head_scale) >> 16);
-      std::memcpy(wr, &hz, 2);
-      std::memcpy(wr + 2, &hs, 2);
-    } else {
-      std::memcpy(wr, &h.head_zero, 4);
-      std::memcpy(wr + 4, &h.head_scale, 4);
-    }
-    const uint32_t row_key = fmix32(static_cast<uint32_t>(r) * kRowMul + k0) ^ k1;
+    write_header(wr, h, compact);
+    const uint32_t row_key = row_hash_key(r, k0, k1);
     uint8_t* packed = wr + head;
     if (h.bad) {  // (x - 0) * 0 would be NaN for an infinite entry: no codes to compute
       std::memset(packed, 0, width - head);
@@ -266,20 +277,12 @@ void encode_rows_narrow(const float* x, int64_t r0, int64_t r1, int64_t f, int64
       const float* xr = x + r * f;
       uint8_t* wr = wire + r * width;
       const Header h = f < 16 ? row_header<false>(xr, f, BITS, compact) : row_header<true>(xr, f, BITS, compact);
-      if (compact) {
-        const uint16_t hz = static_cast<uint16_t>(float_to_bits(h.head_zero) >> 16);
-        const uint16_t hs = static_cast<uint16_t>(float_to_bits(h.head_scale) >> 16);
-        std::memcpy(wr, &hz, 2);
-        std::memcpy(wr + 2, &hs, 2);
-      } else {
-        std::memcpy(wr, &h.head_zero, 4);
-        std::memcpy(wr + 4, &h.head_scale, 4);
-      }
+      write_header(wr, h, compact);
       float* xo = xb + b * fp;
       float* zo = zb + b * fp;
       float* io = ib + b * fp;
       uint32_t* ko = kb + b * fp;
-      const uint32_t row_key = fmix32(static_cast<uint32_t>(r) * kRowMul + k0) ^ k1;
+      const uint32_t row_key = row_hash_key(r, k0, k1);
       const int64_t live = h.bad ? 0 : f;  // a non-finite row's codes are all 0
       for (int64_t j = 0; j < live; ++j) xo[j] = h.wide ? xr[j] * 0.25f : xr[j];
       for (int64_t j = live; j < fp; ++j) xo[j] = 0.0f;
