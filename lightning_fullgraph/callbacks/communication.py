@@ -306,7 +306,7 @@ class CommunicationMonitor(Callback):
         distributed = dist.is_initialized() and dist.get_world_size() > 1
         observed = self.predictor.observation_vector(stats) \
             if self.predictor is not None and distributed else None
-        if observed is not None:  # busiest bytes and (negated) fastest seconds: a MAX too
+        if observed is not None:  # busiest bytes, (negated) fastest seconds, spans: a MAX too
             extra = torch.cat([extra, observed])
         if distributed:
             # The engine's group: its timeout is the collective timeout, and the same ranks.

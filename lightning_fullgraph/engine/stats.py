@@ -1,9 +1,12 @@
 """Communication accounting: bytes and seconds per exchange point, per direction."""
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, List, Optional, Tuple
 
 __all__ = ["CommStats", "ExchangeCounter"]
+
+#: Synchronous exchanges per counter whose start and end are kept (:attr:`ExchangeCounter.marks`).
+MARKS = 32
 
 
 @dataclass
@@ -32,6 +35,11 @@ class ExchangeCounter:
     feature_bits: int = 0  # their payload bits (row headers aside)
     pipelined: int = 0  # exchanges run by the asynchronous pipeline
     stale: int = 0  # of which handed the layer the previous step's rows
+    # Wall-clock (start, end) of the first MARKS synchronous exchanges, in call order: with
+    # every rank's, when the last rank arrived and when the last one left (the planner's
+    # fitted link, :meth:`~lightning_fullgraph.planner.PredictionTracker.observation_vector`).
+    # Not summed by add(): marks of different exchanges do not add.
+    marks: List[Tuple[float, float]] = field(default_factory=list)
 
     def add(self, other: "ExchangeCounter") -> None:
         self.features_sent += other.features_sent
@@ -68,8 +76,13 @@ class CommStats:
 
     def record(self, key: str, direction: str, *, bytes_sent: int, bytes_received: int,
                rows_sent: int, rows_received: int, seconds: float,
-               inter_host_bytes_sent: int = 0, inter_host_bytes_received: int = 0) -> None:
+               inter_host_bytes_sent: int = 0, inter_host_bytes_received: int = 0,
+               started: Optional[float] = None) -> None:
+        r"""One exchange; :obj:`started`: the wall-clock second a synchronous one began
+        (kept with its end, ``started + seconds``, among the counter's :attr:`marks`)."""
         c = self.counters[(key, direction)]
+        if started is not None and len(c.marks) < MARKS:
+            c.marks.append((float(started), float(started) + float(seconds)))
         c.inter_host_bytes_sent += inter_host_bytes_sent
         c.inter_host_bytes_received += inter_host_bytes_received
         c.calls += 1

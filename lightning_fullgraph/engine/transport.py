@@ -193,7 +193,7 @@ class Transport:
             self.stats.record(key, direction, bytes_sent=bytes_sent, bytes_received=bytes_received,
                               rows_sent=rows_sent, rows_received=rows_received,
                               seconds=timer.elapsed(), inter_host_bytes_sent=inter_sent,
-                              inter_host_bytes_received=inter_received)
+                              inter_host_bytes_received=inter_received, started=timer.wall)
 
         finish = (lambda t: restore(t).to(send.device, non_blocking=True)) \
             if restore is not None else None
@@ -259,6 +259,9 @@ class _Timer:
     r"""Wall time of an exchange; on CUDA measured by events on the current stream."""
 
     def __init__(self, device: torch.device) -> None:
+        # The start on the wall clock, which ranks share (one host's, or hosts' kept within
+        # milliseconds by NTP): when the last rank arrived at the exchange, across ranks.
+        self.wall = time.time()
         self.cuda = device.type == "cuda" and torch.cuda.is_available()
         if self.cuda:
             self.start = torch.cuda.Event(enable_timing=True)

@@ -10,8 +10,11 @@ exchanges replayed back to back took what it predicted.
 
 :func:`fit_link` takes what the engine measured instead.  Every observation is one exchange
 point of one epoch: how many exchanges it made, the bytes of its busiest rank (summed over
-them, :attr:`~.model.PointPrediction.busiest_bytes`) and the seconds the exchange took (the
-rank that arrived last, which waited for no one's compute).  The model is the planner's,
+them, :attr:`~.model.PointPrediction.busiest_bytes`) and the seconds the exchange took: from
+the last rank's arrival to the last rank's departure where its exchanges were synchronous
+(:func:`~.tracker.exchange_span`: an all-to-all is not over when the last rank to arrive
+leaves, its peers with more to move leave later and the step waits for them), else the time of
+the rank that arrived last, which waited for no one's compute.  The model is the planner's,
 :math:`t = n (P - 1) \alpha + B / \beta`, fitted by least squares with both coefficients
 non-negative.  Where the observations do not tell the bandwidth apart -- all exchanges of about
 the same size, or all latency-bound (a small graph: moving the largest one takes less than its

@@ -28,19 +28,44 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..engine.errors import guarded
-from ..engine.stats import CommStats
+from ..engine.stats import MARKS, CommStats
 from .counts import RankCounts
 from .fit import fit_link
 from .link import LinkModel
 from .model import CommunicationModel
 from .profile import ExchangeCall, ExchangeProfile, ExchangeRecorder
 
-__all__ = ["PredictionTracker"]
+__all__ = ["PredictionTracker", "exchange_span"]
 
 PHASES = ("train", "eval")
 #: Observations the fitted link rests on: the latest ones (a long run's link as it is now, and a
 #: fit that costs the same in its ten-thousandth epoch as in its tenth).
 FIT_WINDOW = 1024
+
+
+#: Values per exchange point in :meth:`PredictionTracker.observation_vector`: calls, bytes,
+#: negated seconds, negated marks, then (start, end, seconds, negated seconds) per mark.
+_POINT = 4 + 4 * MARKS
+
+
+def exchange_span(last_arrival: float, last_departure: float, longest: float,
+                  shortest: float) -> float:
+    r"""Seconds of one synchronous exchange as the group meets it: from the last rank's
+    arrival to the last rank's departure (wall clock, maxed over ranks), within what the ranks
+    measured themselves: no less than the last arrival spent in it (:obj:`shortest`, the
+    least over ranks), no more than the longest any rank spent (clocks of hosts that disagree
+    move it no further).
+
+    Args:
+        last_arrival (float): The latest start over ranks (seconds on the wall clock).
+        last_departure (float): The latest end over ranks.
+        longest (float): The most seconds a rank spent in the exchange.
+        shortest (float): The fewest.
+
+    Returns:
+        float: Seconds.
+    """
+    return min(max(last_departure - last_arrival, shortest), max(longest, shortest))
 
 
 def _order(call: ExchangeCall) -> tuple:
@@ -325,21 +350,42 @@ class PredictionTracker:
         time: the rank that arrived last, which waited for no one's compute).  Measured, not
         predicted: what a cache skipped or a codec compressed counts as it went.
 
+        Where every exchange of the point was synchronous, also the wall-clock start and end
+        of the first :data:`~lightning_fullgraph.engine.stats.MARKS` of them, with their
+        seconds and negated seconds: reduced, when the last rank arrived, when the last one
+        left, and the longest and shortest time a rank was in the exchange
+        (:func:`exchange_span`).
+
         Args:
             stats (CommStats): The engine's counters of the epoch.
 
         Returns:
-            torch.Tensor: float64 ``[3 * points]``, the same length and order on every rank.
+            torch.Tensor: float64 ``[(4 + 4 * MARKS) * points]``, the same length and order on
+            every rank.
         """
         counters, out = stats.counters, []
         for k in self._epoch_points:
             c = counters.get(k)
-            out += [float(c.calls), float(max(c.bytes_sent, c.bytes_received)), -c.seconds] \
-                if c is not None else [0.0, 0.0, 0.0]
+            row = [0.0] * _POINT
+            if c is not None:
+                marks = c.marks if not c.waits else []  # spans of synchronous exchanges only
+                row[:4] = [float(c.calls), float(max(c.bytes_sent, c.bytes_received)),
+                           -c.seconds, -float(len(marks))]
+                for i, (start, end) in enumerate(marks[:MARKS]):
+                    row[4 + 4 * i:8 + 4 * i] = [start, end, end - start, start - end]
+            out += row
         return torch.tensor(out, dtype=torch.float64)
 
     def observe(self, reduced: Tensor) -> Optional[LinkModel]:
         r"""Adds the epoch's reduced :meth:`observation_vector` and refits :attr:`fitted`.
+
+        The seconds of an exchange point are the time from the last rank's arrival to the last
+        rank's departure, summed over its exchanges (:func:`exchange_span`; with more than
+        :data:`~lightning_fullgraph.engine.stats.MARKS` exchanges, the last arrival's time
+        scaled by the marked ones' ratio), where every exchange was synchronous; else the last
+        arrival's time.  An all-to-all is not over when the rank that arrived last leaves it:
+        its peers with more to move leave later, and the step waits for them (at 1 Gbit/s, 4
+        ranks, up to a fifth longer).
 
         Only steady-state epochs count: not the run's first training epoch (one-time
         exchanges, first-touch allocations), nor one whose exchange calls are still being
@@ -351,15 +397,26 @@ class PredictionTracker:
         Returns:
             LinkModel or None: :attr:`fitted`.
         """
-        if len(reduced) != 3 * len(self._epoch_points):
+        if len(reduced) != _POINT * len(self._epoch_points):
             raise ValueError("the reduced observations do not match this epoch's points")
         recorded = self.given is not None or all(
             self.steady[p] or not self.in_epoch[p] for p in PHASES)
         if self.counts.world_size < 2 or self.offset["train"] == 0 or not recorded:
             return self.fitted
-        for calls, nbytes, negated in reduced.view(-1, 3).tolist():
-            if calls > 0:
-                self.observed.append((int(calls), int(nbytes), -negated))
+        for row in reduced.view(-1, _POINT).tolist():
+            calls, nbytes, seconds, marked = row[0], row[1], -row[2], int(-row[3])
+            if calls <= 0:
+                continue
+            if marked > 0:
+                slots = [row[4 + 4 * i:8 + 4 * i] for i in range(min(marked, MARKS))]
+                spans = [exchange_span(a, b, longest, -negated)
+                         for a, b, longest, negated in slots]
+                if marked >= calls:
+                    seconds = sum(spans)
+                else:
+                    shortest = sum(-negated for *_, negated in slots)
+                    seconds *= sum(spans) / shortest if shortest > 0 else 1.0
+            self.observed.append((int(calls), int(nbytes), seconds))
         try:
             transport = getattr(self.engine, "transport", None)
             self.fitted = fit_link(self.observed, self.counts.world_size, prior=self.link,

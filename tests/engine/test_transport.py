@@ -4,6 +4,7 @@ One gloo job of 4 processes covers the multi-process cases (a process start cost
 the inter-host counters on the world group, everything else on a group of ranks 0..2
 (P=3, so splits can be unequal and some pairs exchange nothing).
 """
+import time
 from datetime import timedelta
 
 import pytest
@@ -384,6 +385,11 @@ def test_single_process_without_a_process_group():
         (1, 4, 4, 48, 48)
     assert c.inter_host_bytes_sent == 0
     assert stats.counters[("k", "backward")].calls == 1
+    # A synchronous exchange keeps its wall-clock start and end (the planner's span across
+    # ranks); an asynchronous one none (its end is the caller's wait, not the transfer's).
+    (start, end), = c.marks
+    assert end - start == pytest.approx(c.seconds, abs=1e-6) and abs(start - time.time()) < 60
+    assert stats.counters[("k", "backward")].marks == []
     assert stats.counters[("h", "forward")].bytes_sent == 2 * 4 * 3 * 2
     bc = stats.counters[("b", "forward")]
     assert (bc.bytes_sent, bc.rows_sent) == (10, 3)

@@ -312,3 +312,63 @@ def test_tracker_records_the_calls_again_when_the_stages_change():
     steps(2)  # nothing changes: nothing recorded
     assert tracker.profile.train == (("codec", ), ("exact", ))
     tracker.close()
+
+
+def test_exchange_span_is_last_arrival_to_last_departure():
+    from lightning_fullgraph.planner.tracker import exchange_span
+    # Rank 1 arrives last (at 100.4) and leaves at 102.74; rank 0, with more to move, leaves
+    # at 102.8: the group was in the exchange 2.4 s, not rank 1's 2.34 s.
+    assert exchange_span(100.4, 102.8, longest=2.8, shortest=2.34) == pytest.approx(2.4)
+    # Clocks that disagree move it no further than the ranks' own times.
+    assert exchange_span(100.4, 100.5, longest=2.8, shortest=2.34) == 2.34
+    assert exchange_span(100.4, 109.0, longest=2.8, shortest=2.34) == 2.8
+
+
+def test_tracker_fits_the_span_of_synchronous_exchanges():
+    # The link fitted to a run: a point whose exchanges were all synchronous is timed from the
+    # last rank's arrival to the last one's departure (the step waits for the rank that leaves
+    # last); one with more exchanges than marks scales the last arrival's time by the marked
+    # ones' ratio; an overlapped one keeps the last arrival's time.
+    from dataclasses import replace
+
+    from lightning_fullgraph.engine import FullGraphEngine
+    import torch
+
+    from lightning_fullgraph.engine.stats import MARKS, CommStats
+    from lightning_fullgraph.planner import LinkModel
+    from lightning_fullgraph.planner.tracker import PredictionTracker
+
+    from .conftest import partitions
+    _, parts = partitions(1)
+    tracker = PredictionTracker.start(FullGraphEngine(parts[0]),
+                                      link=LinkModel(alpha=1e-4, beta=1e8))
+    tracker.counts = replace(tracker.counts, world_size=2)
+    tracker._epoch_points = [("async", "forward"), ("many", "forward"), ("sync", "forward")]
+    tracker.offset["train"] = 1  # a steady epoch
+    tracker.steady = {"train": True, "eval": True}
+    ranks = [CommStats(), CommStats()]
+    # (start, seconds) of rank 0 and rank 1 per exchange: rank 1 arrives last, rank 0 leaves
+    # last.
+    timing = [(100.0, 2.8), (100.4, 2.34)]
+    for stats, (start, seconds) in zip(ranks, timing):
+        for i in range(2):
+            stats.record("sync", "forward", bytes_sent=1000, bytes_received=500, rows_sent=1,
+                         rows_received=1, seconds=seconds, started=start + 10 * i)
+        for i in range(MARKS + 8):
+            stats.record("many", "forward", bytes_sent=10, bytes_received=10, rows_sent=1,
+                         rows_received=1, seconds=seconds, started=start + 10 * i)
+        stats.record("async", "forward", bytes_sent=10, bytes_received=10, rows_sent=1,
+                     rows_received=1, seconds=0.0, started=None)
+        stats.add_seconds("async", "forward", seconds)
+    assert len(ranks[0].counters[("many", "forward")].marks) == MARKS
+    reduced = torch.maximum(*[tracker.observation_vector(s) for s in ranks])
+    tracker.observe(reduced)
+    observed = {nbytes: (calls, seconds) for calls, nbytes, seconds in tracker.observed}
+    assert observed[2000] == (2, pytest.approx(2 * 2.4))  # spans, not 2 x 2.34
+    assert observed[400][0] == MARKS + 8
+    assert observed[400][1] == pytest.approx((MARKS + 8) * 2.34 * 2.4 / 2.34)
+    tracker.observed.clear()
+    tracker._epoch_points = [("async", "forward")]
+    tracker.observe(torch.maximum(*[tracker.observation_vector(s) for s in ranks]))
+    assert list(tracker.observed) == [(1, 10, pytest.approx(2.34))]
+    tracker.close()
