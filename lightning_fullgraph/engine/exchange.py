@@ -1023,10 +1023,7 @@ class _PreRows(torch.autograd.Function):
             received = ex._send_sampled(aggregated[n:].contiguous(), sampled, key, "forward",
                                         channel="pre", compact=True)
         out = _owned_rows(aggregated, n) if in_place else aggregated[:n].clone()
-        if isinstance(received, _KeptRows):
-            return out.index_add_(0, ex.plan.pre.recv_index.index_select(0, received.index),
-                                  received.rows.to(out.dtype))
-        return out.index_add_(0, ex.plan.pre.recv_index, received.to(out.dtype))
+        return _add_received(out, ex.plan.pre.recv_index, received, in_place=True)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
