@@ -34,7 +34,8 @@ Usage::
 Configurations (``--configs``): ``post`` (exact, post-aggregation), ``hybrid`` (exact),
 ``auto`` (exact: per layer the mode predicted fastest on the link calibrated at start-up),
 ``int2`` (post rows as int2), ``int2c`` (int2-compact: the rows' zero point and scale
-as bfloat16, 4 header bytes instead of 8), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
+as bfloat16, 4 header bytes instead of 8), ``hybrid-int2c`` (the same codec on hybrid's rows
+and partials, in one buffer), ``cache-int2c`` (adaptive halo cache with int2-compact rows),
 ``cache-int2c-budgeted`` (the same in one collective per exchange),
 ``pipeline`` (one-epoch-stale rows), ``pipeline-int2`` (both), ``cache-int2c-pipeline`` (the
 cache's rows carried by the pipeline), ``sampling`` (boundary
@@ -86,6 +87,7 @@ CONFIGS: Dict[str, List[str]] = {
     "auto": ["--aggregation", "auto", "--link", "calibrate"],
     "int2": ["--aggregation", "post", "--codec", "int2"],
     "int2c": ["--aggregation", "post", "--codec", "int2-compact"],
+    "hybrid-int2c": ["--aggregation", "hybrid", "--codec", "int2-compact"],
     "cache-int2c": ["--aggregation", "post", "--codec", "int2-compact", "--cache", "adaptive"],
     "cache-int2c-budgeted": ["--aggregation", "post", "--codec", "int2-compact", "--cache",
                              "budgeted"],

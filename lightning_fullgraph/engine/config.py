@@ -40,7 +40,7 @@ class ExchangeConfig:
         aggregation (str): How cut edges of sum/mean layers with scalar edge messages
             (``GCNConv``, ``SAGEConv``, ``GINConv``, ...) are aggregated: ``"hybrid"``
             (default; SuperGCN's minimum-vertex-cover mix, never more rows than either pure
-            scheme; rows and partials in one collective unless a lossy codec, the cache,
+            scheme; rows and partials in one collective unless a per-node codec, the cache,
             the pipeline or sampling treats them apart),
             ``"post"`` (send source rows), ``"pre"`` (send partial aggregates), or
             ``"auto"``: per layer, the one of the three the planner predicts fastest on

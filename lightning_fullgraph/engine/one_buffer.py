@@ -15,10 +15,17 @@ the result equals the two-collective exchange (and single-process PyG) to floati
 rounding (the pre edges' terms are summed apart from the in-edges'); the exactness suite runs
 it in every lossless mode.
 
-It is taken where every row crosses the wire as it is (identity codecs on both channels, and
-during training no halo cache, pipeline or boundary sampling, stages that treat the two
-channels differently): conditions the same on every rank, so all ranks make the same
-collectives.  Otherwise the layer keeps the two collectives.
+A lossy codec that gives every row the same width (``"int2"``, ``"int2-compact"``,
+``"bf16"``, ...) encodes the buffer as it would encode either channel: it quantizes row by row,
+so a partial is coded as the pre channel would code it, and each peer's share of the wire is
+its rows times the codec's bytes per row, which the receiver knows from the plan.  A per-node
+codec (``"adaptive"``) widens the post rows by their own levels, which the partials do not have;
+it keeps two collectives.
+
+It is taken where, in each direction, both channels share one such codec, and during training
+no halo cache, pipeline or boundary sampling runs (stages that treat the two channels
+differently): conditions the same on every rank, so all ranks make the same collectives.
+Otherwise the layer keeps the two collectives.
 """
 import math
 from dataclasses import dataclass
@@ -72,19 +79,29 @@ class OneBufferPlan:
 
 
 def one_buffer_applies(policy, key: str, pre_key: str, training: bool) -> bool:
-    r"""Whether the :class:`~.policy.ExchangePolicy` sends every row of both channels as it
-    is at this exchange point (the same answer on every rank: it reads the policy and the
-    training flag only)."""
-    for point in (key, pre_key):
-        for direction in ("forward", "backward"):
-            if not isinstance(policy.codec(point, direction), IdentityCodec):
-                return False
+    r"""Whether the :class:`~.policy.ExchangePolicy` lets both channels of this exchange
+    point travel in one buffer: in each direction the rows and the partials share one codec
+    that gives every row the same width (the identity or a quantizer; a per-node codec widens
+    the post rows by their own levels, not the partials), and during training no halo cache,
+    pipeline or boundary sampling treats the two channels differently.  The same answer on
+    every rank: it reads the policy and the training flag only."""
+    for direction in ("forward", "backward"):
+        codec = policy.codec(key, direction)
+        if not _same_codec(codec, policy.codec(pre_key, direction)) \
+                or getattr(codec, "per_node", False):
+            return False
+        for point in (key, pre_key):
             if training and policy.cache(point, direction) is not None:
                 return False
     if training and (policy.pipeline is not None or (
             policy.sampling is not None and policy.sampling.rate < 1.0)):
         return False
     return True
+
+
+def _same_codec(a, b) -> bool:
+    r"""Whether two codecs write the same wire (one object, or both the identity)."""
+    return a is b or (isinstance(a, IdentityCodec) and isinstance(b, IdentityCodec))
 
 
 def _backend(requested: Optional[str], t: Tensor) -> str:

@@ -22,7 +22,8 @@ from .models import rank_partition
 EXPECTED = {
     ("gcn", "post"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "hybrid"): dict(exchange=2, control=3, gradients=1),
-    ("gcn", "hybrid+int2"): dict(exchange=4, control=3, gradients=1),
+    ("gcn", "hybrid+int2"): dict(exchange=2, control=3, gradients=1),
+    ("gcn", "hybrid+adaptive"): dict(exchange=4, control=3, gradients=1),
     ("gcn", "pre"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+int2"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+cache"): dict(exchange=4, control=3, gradients=1),
@@ -37,7 +38,7 @@ EXPECTED = {
 
 def _engine(part, config):
     mode, _, option = config.partition("+")
-    kwargs = {"int2": dict(codec="int2"), "cache": dict(cache=0.01),
+    kwargs = {"int2": dict(codec="int2"), "adaptive": dict(codec="adaptive"), "cache": dict(cache=0.01),
               "budgeted": dict(cache=HaloCache(0.01, budgeted=True)),
               "pipeline": dict(pipeline="async"), "sampling": dict(sampling=0.5),
               "cache+pipeline": dict(cache=0.01, pipeline="async")}.get(option, {})

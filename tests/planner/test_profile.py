@@ -50,9 +50,21 @@ def test_gcn_hybrid_sends_rows_and_partials_together_and_slot_degrees():
     assert not any(w[3] == "pre" and w[5] != 1 for w in widths)
 
 
-def test_gcn_hybrid_with_a_lossy_codec_keeps_the_pre_channel_apart():
+def test_gcn_hybrid_with_a_quantizer_sends_rows_and_partials_in_one_buffer():
     profile = profile_model(build("gcn", IN), IN, aggregation="hybrid", forward=_dropout_forward,
                             codec="int8")
+    widths = {w[:5] for w in _widths(profile.train_first)}
+    assert ("convs.0.propagate0.x", "forward", "hybrid", "both", False) in widths
+    assert ("convs.0.propagate0.x", "backward", "hybrid", "both", True) in widths
+    assert not any(w[0].endswith(".pre") for w in widths)
+
+
+def test_gcn_hybrid_whose_partials_are_coded_otherwise_keeps_the_pre_channel_apart():
+    from lightning_fullgraph.engine import ExchangePolicy
+    from lightning_fullgraph.engine.codecs.registry import codec_from_name
+    policy = ExchangePolicy(codec_from_name("int8"), points={"*.pre": codec_from_name("int4")})
+    profile = profile_model(build("gcn", IN), IN, aggregation="hybrid", forward=_dropout_forward,
+                            codec=policy)
     widths = {w[:5] for w in _widths(profile.train_first)}
     assert ("convs.0.propagate0.pre", "forward", "hybrid", "pre", False) in widths
     assert ("convs.0.propagate0.pre", "backward", "hybrid", "pre", True) in widths
