@@ -37,7 +37,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.nn.conv import MessagePassing
 
 from .agreement import Agreement
-from .one_buffer import one_buffer_applies
+from .one_buffer import PreEdges, one_buffer_applies
 from .errors import guarded
 
 __all__ = ["MODES", "PRE_LAYERS", "AggregationRouter", "pre_eligible", "propagated_width"]
@@ -373,13 +373,13 @@ class AggregationRouter:
             0, self._index(mode, "out_edges", value.device))
         return torch.cat([inner, outer], dim=0)
 
-    def split_pre_edges(self, edge_index: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def split_pre_edges(self, edge_index: Tensor) -> Tuple[Tensor, Tensor, PreEdges, Tensor]:
         r"""A mode's edge list (one the engine made, so the same object every call) split
         into its in-edges and its outgoing pre edges (destinations :math:`N_{own} + s`):
-        ``(in_edge_index, in_positions, pre_edges, pre_edges_reversed, pre_positions)``;
-        ``pre_edges`` is ``[owned source; pre slot]``, positions are in :obj:`edge_index` (to
-        split the edge values alike).  The same objects every call: the kernels' CSR cache
-        knows them."""
+        ``(in_edge_index, in_positions, pre_edges, pre_positions)``; ``pre_edges`` is a
+        :class:`~.one_buffer.PreEdges` (``[owned source; pre slot]``, and reversed for the
+        backward), positions are in :obj:`edge_index` (to split the edge values alike).  The
+        same objects every call: the kernels' CSR cache knows them."""
         key = ("split", id(edge_index))
         entry = self._cache.get(key)
         if entry is None or entry[0] is not edge_index:
@@ -388,8 +388,8 @@ class AggregationRouter:
             in_pos, pre_pos = (~pre).nonzero().view(-1), pre.nonzero().view(-1)
             pre_edges = edge_index.index_select(1, pre_pos)
             pre_edges[1] -= n
-            entry = (edge_index, edge_index.index_select(1, in_pos), in_pos, pre_edges,
-                     pre_edges.flip(0).contiguous(), pre_pos)
+            entry = (edge_index, edge_index.index_select(1, in_pos), in_pos,
+                     PreEdges.of(pre_edges), pre_pos)
             self._cache[key] = entry
         return entry[1:]
 

@@ -29,15 +29,35 @@ Otherwise the layer keeps the two collectives.
 """
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .codecs import IdentityCodec
 
-__all__ = ["OneBufferPlan", "one_buffer_applies", "exchange_one_buffer", "start_one_buffer",
-           "pre_partials", "Received"]
+__all__ = ["OneBufferPlan", "PreEdges", "one_buffer_applies", "exchange_one_buffer",
+           "start_one_buffer", "pre_partials", "Received"]
+
+
+class PreEdges(NamedTuple):
+    r"""A rank's outgoing pre edges, as the one-buffer exchange uses them.
+
+    Args:
+        edges (torch.Tensor): ``[owned source; pre slot]``, :math:`[2, E_{pre}]`.
+        reversed (torch.Tensor): ``[pre slot; position in sources]``: the partials'
+            gradients aggregate back over it into :obj:`sources`' rows only (not into every
+            owned row, most of which have no pre edge).
+        sources (torch.Tensor): The owned rows with a pre edge, ascending.
+    """
+    edges: Tensor
+    reversed: Tensor
+    sources: Tensor
+
+    @classmethod
+    def of(cls, edges: Tensor) -> "PreEdges":
+        sources, position = torch.unique(edges[0], sorted=True, return_inverse=True)
+        return cls(edges, torch.stack([edges[1], position]), sources)
 
 
 @dataclass
@@ -60,6 +80,11 @@ class OneBufferPlan:
     pre_dest: Tensor
     halo_pos: Tensor
     pre_pos: Tensor
+    #: Per peer ``(post rows, partials)`` sent and received: the wire is, peer after peer,
+    #: a slice of post rows then a slice of partials, which :func:`_pack` and
+    #: :func:`_add_grads` fill and read slice by slice (no gathered copy in between).
+    sent: List[Tuple[int, int]] = ()
+    received: List[Tuple[int, int]] = ()
 
     @classmethod
     def of(cls, post_send: List[int], post_recv: List[int], pre_send: List[int],
@@ -75,7 +100,8 @@ class OneBufferPlan:
         cat = lambda parts: torch.cat(parts).to(device)  # noqa: E731
         return cls([a + b for a, b in zip(post_send, pre_send)],
                    [c + d for c, d in zip(post_recv, pre_recv)], cat(post_dest), cat(pre_dest),
-                   cat(halo), cat(pre))
+                   cat(halo), cat(pre), list(zip(map(int, post_send), map(int, pre_send))),
+                   list(zip(map(int, post_recv), map(int, pre_recv))))
 
 
 def one_buffer_applies(policy, key: str, pre_key: str, training: bool) -> bool:
@@ -124,56 +150,75 @@ def pre_partials(own: Tensor, edges: Tensor, value: Optional[Tensor], num_slots:
     return aggregate(rows, edges, value, "sum", num_slots, backend=_backend(backend, own))
 
 
-def exchange_one_buffer(ex, own: Tensor, edges: Tensor, reversed_edges: Tensor,
-                        weight: Optional[Tensor], key: str) -> Tuple[Tensor, Tensor]:
+def exchange_one_buffer(ex, own: Tensor, pre: PreEdges, weight: Optional[Tensor],
+                        key: str) -> Tuple[Tensor, Tensor]:
     r"""``[owned; halo]`` rows and the partials this rank receives, in one collective per
-    direction (:class:`_OneBuffer`); the partials are computed from :obj:`own` over the pre
-    :obj:`edges` (``[owned source; pre slot]``; :obj:`reversed_edges` the same flipped, for
-    the backward) with edge scalars :obj:`weight`, which must not require a gradient."""
-    return _OneBuffer.apply(own, ex, key, edges, reversed_edges, weight)
+    direction (:class:`_OneBuffer`); the partials are computed from :obj:`own` over the
+    rank's outgoing :obj:`pre` edges with edge scalars :obj:`weight` (aligned with
+    ``pre.edges``), which must not require a gradient."""
+    return _OneBuffer.apply(own, ex, key, pre, weight)
 
 
-def _add_grads(ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor, edges: Tensor,
-               reversed_edges: Tensor, weight: Optional[Tensor]) -> Tensor:
+def _add_grads(ex, plan: OneBufferPlan, grad_own: Tensor, back: Tensor, pre: PreEdges,
+               weight: Optional[Tensor]) -> Tensor:
     r""":obj:`grad_own` (``[N_own, *]``) plus the gradients that came back: of the post rows
     sent, and through the partials (:math:`\partial p_s / \partial x_j = w_{js}`: the
     partials' gradients aggregated back over the reversed pre edges)."""
     from ..kernels.functional import aggregate
     n, width = grad_own.size(0), math.prod(grad_own.shape[1:])
-    grad_post, grad_partials = _unpack_grad(ex, plan, back.to(grad_own.dtype))
-    grad_own = grad_own.reshape(n, width).index_add(0, ex.plan.post.send_index, grad_post)
-    if grad_partials.numel():
+    back = back.to(grad_own.dtype)
+    out = grad_own.reshape(n, width).clone()
+    index = ex.plan.post.send_index
+    at = post_at = 0
+    for posts, partials in plan.sent:  # each peer's slice of post rows, added where they came from
+        if posts:
+            out.index_add_(0, index[post_at:post_at + posts], back[at:at + posts])
+        at, post_at = at + posts + partials, post_at + posts
+    if plan.pre_dest.numel():
+        grad_partials = back.index_select(0, plan.pre_dest)
         through = aggregate(grad_partials if weight is None else grad_partials.to(
-            torch.promote_types(grad_partials.dtype, weight.dtype)), reversed_edges, weight,
-            "sum", n, backend=_backend(ex.partials_backend, grad_own))
-        grad_own.add_(through.to(grad_own.dtype))
-    return grad_own
+            torch.promote_types(grad_partials.dtype, weight.dtype)), pre.reversed, weight,
+            "sum", pre.sources.numel(), backend=_backend(ex.partials_backend, grad_own))
+        out.index_add_(0, pre.sources, through.to(out.dtype))
+    return out
 
 
 def _pack(ex, plan: OneBufferPlan, own: Tensor, partials: Tensor, width: int) -> Tensor:
-    r"""The wire rows: for each peer its post rows, then its partials."""
-    wire = own.new_empty((plan.post_dest.numel() + plan.pre_dest.numel(), width))
-    wire.index_copy_(0, plan.post_dest,
-                     own.index_select(0, ex.plan.post.send_index).reshape(-1, width))
-    wire.index_copy_(0, plan.pre_dest, partials.to(own.dtype).reshape(-1, width))
+    r"""The wire rows: for each peer its post rows, then its partials (each gathered or
+    copied straight into its slice)."""
+    wire = own.new_empty((sum(plan.send_counts), width))
+    rows = own.reshape(own.size(0), width)
+    partials = partials.to(own.dtype).reshape(-1, width)
+    index = ex.plan.post.send_index
+    at = post_at = pre_at = 0
+    for posts, slots in plan.sent:  # pre slots are numbered peer by peer
+        if posts:
+            torch.index_select(rows, 0, index[post_at:post_at + posts], out=wire[at:at + posts])
+        if slots:
+            wire[at + posts:at + posts + slots].copy_(partials[pre_at:pre_at + slots])
+        at, post_at, pre_at = at + posts + slots, post_at + posts, pre_at + slots
     return wire
 
 
 def _pack_grad(plan: OneBufferPlan, grad_halo: Tensor, grad_received: Optional[Tensor],
                width: int) -> Tensor:
-    r"""The backward's wire rows: the gradients of the rows received, in their places."""
-    wire = grad_halo.new_empty((plan.halo_pos.numel() + plan.pre_pos.numel(), width))
-    wire.index_copy_(0, plan.halo_pos, grad_halo.reshape(-1, width))
-    if grad_received is None:
-        wire.index_fill_(0, plan.pre_pos, 0)
-    else:
-        wire.index_copy_(0, plan.pre_pos, grad_received.reshape(-1, width).to(wire.dtype))
+    r"""The backward's wire rows: the gradients of the rows received, in their places (halo
+    rows and partials are received peer by peer: each peer's are one slice)."""
+    wire = grad_halo.new_empty((sum(plan.recv_counts), width))
+    grad_halo = grad_halo.reshape(-1, width)
+    if grad_received is not None:
+        grad_received = grad_received.reshape(-1, width).to(wire.dtype)
+    at = halo_at = pre_at = 0
+    for halo, partials in plan.received:
+        wire[at:at + halo].copy_(grad_halo[halo_at:halo_at + halo])
+        if partials:
+            part = wire[at + halo:at + halo + partials]
+            if grad_received is None:
+                part.zero_()
+            else:
+                part.copy_(grad_received[pre_at:pre_at + partials])
+        at, halo_at, pre_at = at + halo + partials, halo_at + halo, pre_at + partials
     return wire
-
-
-def _unpack_grad(ex, plan: OneBufferPlan, back: Tensor) -> Tuple[Tensor, Tensor]:
-    r"""The gradients of the post rows sent and of the partials sent."""
-    return back.index_select(0, plan.post_dest), back.index_select(0, plan.pre_dest)
 
 
 class _OneBuffer(torch.autograd.Function):
@@ -181,13 +226,12 @@ class _OneBuffer(torch.autograd.Function):
     rows and partials in."""
 
     @staticmethod
-    def forward(ctx, own: Tensor, ex, key: str, edges: Tensor, reversed_edges: Tensor,
-                weight: Optional[Tensor]):
-        ctx.ex, ctx.key, ctx.pre = ex, key, (edges, reversed_edges, weight)
+    def forward(ctx, own: Tensor, ex, key: str, pre: PreEdges, weight: Optional[Tensor]):
+        ctx.ex, ctx.key, ctx.pre = ex, key, (pre, weight)
         plan: OneBufferPlan = ex.one_buffer_plan(own.device)
         shape = tuple(own.shape[1:])
         width = math.prod(shape)
-        partials = pre_partials(own, edges, weight, ex.num_pre_slots, ex.partials_backend)
+        partials = pre_partials(own, pre.edges, weight, ex.num_pre_slots, ex.partials_backend)
         received, _ = ex._transfer(_pack(ex, plan, own, partials, width), plan.send_counts,
                                    plan.recv_counts, key, "forward")
         rows = own.new_empty((own.size(0) + ex.num_halo, ) + shape)
@@ -205,7 +249,7 @@ class _OneBuffer(torch.autograd.Function):
         wire = _pack_grad(plan, grad_rows[n:], grad_received, math.prod(shape))
         back, _ = ex._transfer(wire, plan.recv_counts, plan.send_counts, ctx.key, "backward")
         grad_own = _add_grads(ex, plan, grad_rows[:n], back, *ctx.pre)
-        return grad_own.reshape((n, ) + shape), None, None, None, None, None
+        return grad_own.reshape((n, ) + shape), None, None, None, None
 
 
 # -- overlapped: the owned edges aggregate while the buffer travels -------------------------------
@@ -224,10 +268,10 @@ class _Handoff:
 
     __slots__ = ("pending", "owned_done", "pre")
 
-    def __init__(self, edges: Tensor, reversed_edges: Tensor, weight: Optional[Tensor]) -> None:
+    def __init__(self, pre: PreEdges, weight: Optional[Tensor]) -> None:
         self.pending = None
         self.owned_done = False
-        self.pre = (edges, reversed_edges, weight)
+        self.pre = (pre, weight)
 
     def add_into(self, ex, grad_own: Tensor, pending) -> Tensor:
         r""":obj:`grad_own` plus what came back (``pending``: the started transfer)."""
@@ -235,8 +279,7 @@ class _Handoff:
         return _add_grads(ex, plan, grad_own, finish(), *self.pre).reshape(grad_own.shape)
 
 
-def start_one_buffer(ex, own: Tensor, edges: Tensor, reversed_edges: Tensor,
-                     weight: Optional[Tensor], key: str):
+def start_one_buffer(ex, own: Tensor, pre: PreEdges, weight: Optional[Tensor], key: str):
     r"""Starts the one-buffer exchange and returns ``(owned rows, complete, received)``:
     ``complete()`` waits and returns the halo rows (for a
     :class:`~lightning_fullgraph.kernels.split.SplitRows`), after which ``received.rows``
@@ -247,11 +290,11 @@ def start_one_buffer(ex, own: Tensor, edges: Tensor, reversed_edges: Tensor,
     shape = tuple(own.shape[1:])
     width = math.prod(shape)
     with torch.no_grad():
-        partials = pre_partials(own, edges, weight, ex.num_pre_slots, ex.partials_backend)
+        partials = pre_partials(own, pre.edges, weight, ex.num_pre_slots, ex.partials_backend)
         finish = ex._transfer_async(_pack(ex, plan, own, partials, width), plan.send_counts,
                                     plan.recv_counts, key, "forward")
     grads = own.requires_grad and torch.is_grad_enabled()
-    handoff = _Handoff(edges, reversed_edges, weight) if grads else None
+    handoff = _Handoff(pre, weight) if grads else None
     from .exchange import _OwnedGrad  # (the exchange module imports this one)
     local = _OwnedGrad.apply(own, ex, handoff) if handoff is not None else own
     received = Received()

@@ -455,8 +455,7 @@ class PartitionedModel:
             # gradient is PyG's message backward's: two collectives instead. The same on
             # every rank (dtypes and flags, not values).
             return None
-        in_edges, in_pos, pre_edges, reversed_edges, pre_pos = \
-            self.router.split_pre_edges(edge_index)
+        in_edges, in_pos, pre_edges, pre_pos = self.router.split_pre_edges(edge_index)
         weight = None
         for name, edge_value in values:  # aligned with the edges: split alike
             weight = edge_value.index_select(0, pre_pos)
@@ -465,11 +464,10 @@ class PartitionedModel:
             # The owned edges aggregate while rows and partials travel (either way every
             # rank makes the same collectives, so ranks may differ here).
             local, complete, received = start_one_buffer(
-                ex, own, pre_edges, reversed_edges, weight, f"{point}.{arg}")
+                ex, own, pre_edges, weight, f"{point}.{arg}")
             kwargs[arg] = (SplitRows(local, complete, ex.num_halo), None)
         else:
-            rows, received = exchange_one_buffer(ex, own, pre_edges, reversed_edges, weight,
-                                                 f"{point}.{arg}")
+            rows, received = exchange_one_buffer(ex, own, pre_edges, weight, f"{point}.{arg}")
             kwargs[arg] = (rows, None)
         active.pending.append(_Pending(mode, ex, point, degree, received))
         return in_edges, (ex.num_local, ex.num_owned), kwargs
@@ -547,21 +545,25 @@ def _combine(module, inputs, output):
         return output
     pending = active.pending.pop(0)
     out = output
+    # The aggregation's output (pre layers keep PyG's identity `update`: pre_eligible) is
+    # fresh and replaced by the result: add into it and divide it in place (no copy of the
+    # owned rows), unless a propagate hook that ran before this one (the user's) may have
+    # kept it; then the first step makes a new tensor, which the next may change.
+    hooks = list(compat.hook_dicts(module, "propagate").values())
+    ours = bool(hooks) and hooks[0] is _combine
     if pending.received is not None:  # the partials came with the halo rows
         received = pending.received
         if isinstance(received, Received):  # overlapped: complete by now
             received = received.rows
-        out = out.index_add(0, pending.exchange.plan.pre.recv_index, received.to(out.dtype))
+        index, rows = pending.exchange.plan.pre.recv_index, received.to(out.dtype)
+        out = out.index_add_(0, index, rows) if ours else out.index_add(0, index, rows)
+        ours = True
     elif pending.mode != "post":
-        # The aggregation's output (pre layers keep PyG's identity `update`: pre_eligible) is
-        # fresh and replaced by the result: add into it, unless a propagate hook that ran
-        # before this one (the user's) may have kept it.
-        hooks = list(compat.hook_dicts(module, "propagate").values())
-        out = pending.exchange.reduce(out, key=f"{pending.point}.pre",
-                                      in_place=bool(hooks) and hooks[0] is _combine)
+        out = pending.exchange.reduce(out, key=f"{pending.point}.pre", in_place=ours)
+        ours = True
     if pending.degree is not None:
-        degree = pending.degree.clamp(min=1).to(out.dtype)
-        out = out / degree.view((-1, ) + (1, ) * (out.dim() - 1))
+        degree = pending.degree.clamp(min=1).to(out.dtype).view((-1, ) + (1, ) * (out.dim() - 1))
+        out = out.div_(degree) if ours else out / degree
     return out
 
 
