@@ -545,6 +545,8 @@ def _combine(module, inputs, output):
         return output
     pending = active.pending.pop(0)
     out = output
+    if pending.received is None and pending.mode == "post" and pending.degree is None:
+        return out  # nothing to add or divide (a post layer)
     # The aggregation's output (pre layers keep PyG's identity `update`: pre_eligible) is
     # fresh and replaced by the result: add into it and divide it in place (no copy of the
     # owned rows), unless a propagate hook that ran before this one (the user's) may have

@@ -38,7 +38,8 @@ EXPECTED = {
 
 def _engine(part, config):
     mode, _, option = config.partition("+")
-    kwargs = {"int2": dict(codec="int2"), "adaptive": dict(codec="adaptive"), "cache": dict(cache=0.01),
+    kwargs = {"int2": dict(codec="int2"), "adaptive": dict(codec="adaptive"),
+              "cache": dict(cache=0.01),
               "budgeted": dict(cache=HaloCache(0.01, budgeted=True)),
               "pipeline": dict(pipeline="async"), "sampling": dict(sampling=0.5),
               "cache+pipeline": dict(cache=0.01, pipeline="async")}.get(option, {})
