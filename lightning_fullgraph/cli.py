@@ -204,8 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "edges whose sources are local, forward and backward (sum and mean "
                          "layers on the kernels; exact to rounding; default on)")
     gx.add_argument("--step-aside", action=argparse.BooleanOptionalAction, default=True,
-                    help="after a few epochs, time the reductions on (codec, cache, pipeline, "
-                         "boundary sampling) against the epoch with each left out, and keep "
+                    help="after a few epochs, time the reductions on (pre/hybrid/auto aggregation, "
+                         "codec, cache, pipeline, boundary sampling) against the epoch with "
+                         "each left out, and keep "
                          "only those that shorten it (all ranks decide alike; logged; default "
                          "on; --no-step-aside keeps them throughout)")
     gx.add_argument("--sampling", "--boundary-sampling", dest="sampling", type=float,
@@ -880,9 +881,9 @@ def _print_summary(s: dict) -> None:
                                                   for layer, c in choices.items()))
     aside = s.get("step_aside")
     if aside is not None:
-        times = ", ".join(f"{'+'.join(arm) or 'exact'} {t:.3f} s"
+        times = ", ".join(f"{'+'.join(arm) or 'exact post'} {t:.3f} s"
                           for arm, t in zip(aside["arms"], aside["seconds"]))
-        print(f"step aside           kept {', '.join(aside['stages']) or 'nothing (exact)'} "
+        print(f"step aside           kept {', '.join(aside['stages']) or 'nothing (exact post)'} "
               f"(median step of each trial: {times})")
 
 

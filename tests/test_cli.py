@@ -98,22 +98,23 @@ def test_train_json_on_two_processes(tmp_path):
 
 @pytest.mark.multiprocess
 def test_train_step_aside_decides_alike_and_reports(tmp_path, capsys):
-    # Under Lightning, two processes, by default (no option): the codec is timed against the
-    # exact exchange (warm-up 2, then 3 steps each), every rank takes the same decision (the
-    # run would hang in the next exchange otherwise) and the summary reports it, with the
-    # per-epoch figures.
-    proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "12", "--json", "--codec",
+    # Under Lightning, two processes, by default (no option): hybrid aggregation and the
+    # codec are timed against post and the exact exchange (warm-up 2, then 3 steps for each
+    # subset), every rank takes the same decision (the run would hang in the next exchange
+    # otherwise) and the summary reports it, with the per-epoch figures.
+    proc = _cli(tmp_path, "train", "--devices", "2", "--epochs", "18", "--json", "--codec",
                 "int2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
     decision = summary["step_aside"]
-    assert decision["arms"] == [["codec"], []]
-    assert decision["stages"] in (["codec"], [])
-    assert len(decision["seconds"]) == 2 and all(t > 0 for t in decision["seconds"])
-    # One step per epoch: epochs 0-8 are the first step, the warm-up and the arms' steps; the
-    # tenth (index 9) is the first that runs the decision.
-    assert decision["step"] == 1 + 2 + 2 * 3
-    assert len(summary["per_epoch"]["step_s"]) == 12
+    arms = [["hybrid", "codec"], ["hybrid"], ["codec"], []]
+    assert decision["arms"] == arms
+    assert decision["stages"] in arms
+    assert len(decision["seconds"]) == 4 and all(0 < t < 60 for t in decision["seconds"])
+    # One step per epoch: epochs 0-14 are the first step, the warm-up and the arms' steps;
+    # the sixteenth (index 15) is the first that runs the decision.
+    assert decision["step"] == 1 + 2 + 4 * 3
+    assert len(summary["per_epoch"]["step_s"]) == 18
     assert summary["test_acc"] > 0.6
     # Without --json the summary says what was kept.
     from lightning_fullgraph.cli import _print_summary

@@ -34,7 +34,8 @@ class RandomStateCheckpoint(Callback):
       (:meth:`~lightning_fullgraph.engine.static.StaticCache.state_dict`), which choose the
       exchanges, and so the codec draws, of a layer's call;
     * the engine's step-aside decision (:class:`~lightning_fullgraph.engine.step_aside.StepAside`:
-      which reductions run), taken from timings, so a resumed run keeps it.
+      which reductions run), taken from timings, so a resumed run keeps it, or its trial's
+      progress, so a resumed run tries the same stages at the same steps.
 
     :class:`~lightning_fullgraph.FullGraphStrategy` and
     :class:`~lightning_fullgraph.FourDStrategy` add it automatically.

@@ -27,6 +27,7 @@ pre partial aggregates, hybrid the fewest rows; where rows cross the wire as the
 and hybrid send both channels in one collective (:mod:`.one_buffer`), else hybrid makes two,
 and then post or pre win where a layer's rows are narrow and latency dominates.
 """
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -93,12 +94,14 @@ class _SameTensor:
 
     A tensor counts as the reference when it is the same storage and version, or when its
     content is equal (after casting the reference to its dtype, as precision plugins do);
-    positive results are remembered per (storage, version, dtype, shape).
+    results are remembered per (storage, version, dtype, shape) for as long as the tensor
+    they were computed for lives (a new tensor at a freed one's address, e.g. this step's
+    ``edge_weight.double()`` where last step's normalized weights were, is checked anew).
     """
 
     def __init__(self, reference: Tensor) -> None:
         self.reference = reference
-        self._seen: Dict[tuple, bool] = {}
+        self._seen: Dict[tuple, Tuple[Any, bool]] = {}  # signature -> (weakref, result)
         self._device_copies: Dict[tuple, Tensor] = {}
 
     def __call__(self, t: Any) -> bool:
@@ -110,12 +113,13 @@ class _SameTensor:
         if t is ref:
             return True
         sig = (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape))
-        hit = self._seen.get(sig)
-        if hit is None:
-            hit = bool(torch.equal(t.detach(), self.like(t)))
-            if len(self._seen) > 64:
-                self._seen.clear()
-            self._seen[sig] = hit
+        seen = self._seen.get(sig)
+        if seen is not None and seen[0]() is t:
+            return seen[1]
+        hit = bool(torch.equal(t.detach(), self.like(t)))
+        if len(self._seen) > 64:
+            self._seen.clear()
+        self._seen[sig] = (weakref.ref(t), hit)
         return hit
 
     def like(self, t: Tensor) -> Tensor:
@@ -169,12 +173,22 @@ class AggregationRouter:
         #: ``"auto"``'s choices: layer -> ``(mode, predicted seconds of each mode)``.
         self.auto_choices: Dict[str, Tuple[str, Dict[str, float]]] = {}
         self._busiest_rows: Optional[Dict[Tuple[str, str], int]] = None
+        #: Every exchange point runs post-aggregated while set (step aside's arm without
+        #: the mode: :meth:`hold_post`).
+        self.post_held = False
 
     def reset(self) -> None:
         r"""Forgets the decisions of exchange points (for another model: every rank resets
         at the same point, attaching it).  The link and the row counts are kept."""
         self._agreement.clear()
         self.auto_choices.clear()
+
+    def hold_post(self, held: bool) -> None:
+        r"""While :obj:`held`, every exchange point runs post-aggregated (the decisions made
+        are kept for when it is released).  Every rank at the same point of training, between
+        steps.  An edge list the engine made for a mode keeps its mode (a layer that cached
+        its ``gcn_norm``, as ``GCNConv(cached=True)``: its propagate runs what it cached)."""
+        self.post_held = bool(held)
 
     # -- which mode ------------------------------------------------------------------------
     def candidate(self, layer: MessagePassing) -> str:
@@ -189,9 +203,9 @@ class AggregationRouter:
         must be able to, or raise (a rank that changed its inputs between calls would
         otherwise send what nobody expects).  A candidate ``"auto"`` becomes
         :meth:`auto_mode` of :obj:`layer` (default: the point) for rows of :obj:`width`
-        values of :obj:`dtype`.
+        values of :obj:`dtype`.  While :meth:`hold_post` holds, ``"post"`` without deciding.
         """
-        if candidate == "post":
+        if candidate == "post" or self.post_held:
             return "post"
         decided = candidate if self._agreement.decide(point, local_ok) else "post"
         if decided == "auto":

@@ -69,11 +69,12 @@ class ExchangeConfig:
             halo rows travel, forward and backward (sum and mean aggregations on the
             kernels).  Exact to floating-point rounding.  Default on.
         step_aside (bool or StepAside): After a few training steps, time the configured
-            reductions (sampling, cache, lossy codec, pipeline) against the step with each
-            left out and keep only those that shorten it
-            (:class:`~.step_aside.StepAside`; every rank decides the same, the decision is
-            checkpointed).  Default on; nothing to try with an exact policy.  The decision
-            depends on measured times: ``False`` keeps the configured policy throughout.
+            reductions (the pre/hybrid/auto aggregation, sampling, cache, lossy codec,
+            pipeline) against the step with each left out and keep only those that shorten
+            it (:class:`~.step_aside.StepAside`; every rank decides the same, the decision is
+            checkpointed).  Default on; nothing to try with exact post aggregation.  The
+            decision depends on measured times: ``False`` keeps the configured policy
+            throughout.
         link (str or LinkModel, optional): The link :obj:`aggregation` ``"auto"`` predicts
             on: a :class:`~lightning_fullgraph.planner.LinkModel`, a JSON file written by
             ``lightning-fullgraph train --save-link`` or ``plan --save-link``, or

@@ -137,8 +137,8 @@ class FullGraphEngine:
         # planner that recorded the exchange calls records them again.
         self.stages_changed = 0
         self.step_aside = StepAside.of(config.step_aside)
-        if self.step_aside is not None and not self.step_aside.bind(self.policy.stages()):
-            self.step_aside = None  # an exact policy: nothing to step aside
+        if self.step_aside is not None and not self.step_aside.bind(self._trial_stages()):
+            self.step_aside = None  # exact post: nothing to step aside
         self._model: Optional[PartitionedModel] = None
         self._hooks: Optional[BackwardHooks] = None
         self._data: Optional[Data] = None
@@ -188,13 +188,30 @@ class FullGraphEngine:
                 self.run_stages(stages)
         return int(step)
 
+    def _trial_stages(self, pre_layers: bool = True) -> Tuple[str, ...]:
+        r"""What step aside tries leaving out: the aggregation mode (named as configured:
+        ``"pre"``, ``"hybrid"`` or ``"auto"``; left out, every layer runs post) where a
+        layer may use it, then the policy's stages."""
+        mode = (self.aggregation, ) if self.aggregation != "post" and pre_layers else ()
+        return mode + tuple(self.policy.stages())
+
     def run_stages(self, stages) -> None:
         r"""From now on, exchanges run only :obj:`stages` of the engine's policy (names of
-        :data:`~.policy.STAGES`; the others send every row, exactly, synchronously).  Every
-        rank must call it at the same point of training."""
+        :data:`~.policy.STAGES`; the others send every row, exactly, synchronously) and the
+        configured aggregation mode only if its name is among them (else every layer runs
+        post-aggregated, :meth:`~.aggregation.AggregationRouter.hold_post`).  Every rank must
+        call it at the same point of training."""
+        stages = tuple(stages)
         policy = policy_with(self.policy, stages)
         for exchange in self._all_exchanges():
             exchange.set_policy(policy)
+        post = self.aggregation != "post" and self.aggregation not in stages
+        if post != self.router.post_held:
+            self.router.hold_post(post)
+            # The layers' rows now go through another exchange: rows pipelined in either
+            # would be staler than one step when they come back.
+            for exchange in self._all_exchanges():
+                exchange.restart_pipeline()
         self.stages_changed += 1
 
     def step_aside_state(self) -> Optional[dict]:
@@ -202,12 +219,20 @@ class FullGraphEngine:
         return self.step_aside.state_dict() if self.step_aside is not None else None
 
     def load_step_aside_state(self, state: Optional[dict]) -> None:
-        r"""Restores a checkpointed step-aside decision and runs its stages at once."""
+        r"""Restores a checkpointed step-aside decision or trial and runs its stages at
+        once."""
         if self.step_aside is None or not state:
             return
         stages = self.step_aside.load_state_dict(state)
-        if stages is not None:
-            self.run_stages(stages)
+        if stages is None:
+            return
+        decision = state.get("decision")
+        arms = decision["arms"] if decision is not None else self.step_aside.arms
+        if self.aggregation != "post" and self.aggregation not in {s for arm in arms
+                                                                   for s in arm}:
+            # A decision that did not try the mode (saved before it was an arm) keeps it.
+            stages = (self.aggregation, ) + tuple(stages)
+        self.run_stages(stages)
 
     def _all_exchanges(self):
         yield from self.exchanges.values()
@@ -232,6 +257,10 @@ class FullGraphEngine:
         self.router.reset()  # another model: its layers decide anew (names may repeat)
         self._model = partition_model(model, self.exchange, trusted_layers, sync_batchnorm,
                                       self.router, self.static)
+        if self.step_aside is not None and not self.step_aside.started:
+            # Nothing to try in the aggregation mode when no layer can run it (GAT, max).
+            pre = any(s.candidate != "post" for s in self._model.states.values())
+            self.step_aside.bind(self._trial_stages(pre))
         if broadcast:
             broadcast_parameters(model, group=self.group)
         if dist.is_available() and dist.is_initialized() \

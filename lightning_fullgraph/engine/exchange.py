@@ -619,6 +619,15 @@ class HaloExchange:
             self._pipes.clear()
         self.policy = policy
 
+    def restart_pipeline(self) -> None:
+        r"""Drops the pipeline's rows (after transfers in flight complete): the next training
+        exchange of each point is synchronous.  Cached rows stay (sender and receivers hold
+        the same copy).  Every rank at the same point: when exchange points move to another
+        exchange (the aggregation mode changes), the rows pipelined here grow staler than
+        one step."""
+        self.drain()
+        self._pipes.clear()
+
     def drain(self) -> None:
         r"""Completes every asynchronous transfer still in flight (before evaluation that
         must not overlap it, a checkpoint, or tearing the process group down)."""

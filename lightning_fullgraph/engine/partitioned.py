@@ -397,6 +397,8 @@ class PartitionedModel:
         made = router.graph_mode(edge_index)
         if made is not None:  # the engine's gcn_norm made this edge list: already decided
             return made
+        if router.post_held:  # step aside's arm without the mode: nothing to vouch for
+            return "post"
         return router.decide(point, state.candidate, self._vouched(edge_index, kwargs, state),
                              state.key, *(width or (None, )))
 

@@ -17,14 +17,21 @@ cluster: README, "Time on an emulated cluster").  :class:`StepAside` measures in
 3. it keeps the arm with the shortest time, a stage counting only when it saves at least
    :obj:`margin` of the step (a lossy stage that does not pay is not worth its error).
 
+The aggregation mode is tried too, as a stage named after it (``"pre"``, ``"hybrid"``,
+``"auto"``): left out, every layer runs post-aggregated.  Both are exact, but pre and hybrid
+send fewer rows at the cost of the senders' partial sums, and where the rows are already small
+(a 2-bit codec) or few the sums cost more than the link time they save (measured on the
+emulated cluster: hybrid with int2-compact took 1.10-1.12x the step of post with it).
+
 Arms with a stage removed are exact in that stage, so a trial never trains less exactly
 than the configured policy (an aggregation of an unchanged input that the static-input cache
-kept, computed once under the codec, stays as it was computed).  The decision is a function of timings: two runs of the same
-script may decide differently (it is logged, and checkpointed with the random states, so a
-resumed run keeps it).  On by default where users train (``FullGraphStrategy``,
-``setup_fullgraph``, ``lightning-fullgraph train``; ``step_aside=False`` or ``--no-step-aside``
-keeps the configured policy throughout); off in the lower-level ``FullGraphEngine``
-(``ExchangeConfig(step_aside=True)``).
+kept, computed once under the codec, stays as it was computed).  The decision is a function
+of timings: two runs of the same script may decide differently (it is logged, and
+checkpointed with the random states, so a resumed run keeps it; a trial interrupted by a
+checkpoint goes on where it stopped, running the stages the uninterrupted run would at each
+step).  On by default (``ExchangeConfig(step_aside=True)``: ``FullGraphStrategy``,
+``setup_fullgraph``, ``lightning-fullgraph train`` and ``FullGraphEngine`` alike);
+``step_aside=False`` or ``--no-step-aside`` keeps the configured policy throughout.
 """
 import itertools
 import logging
@@ -88,8 +95,8 @@ class StepAside:
 
     # -- the arms ------------------------------------------------------------------------
     def bind(self, stages: Sequence[str]) -> bool:
-        r"""Sets the arms for a policy with :obj:`stages`; ``False`` if there is nothing to
-        try (no stage)."""
+        r"""Sets the arms for :obj:`stages` (the aggregation mode and the policy's stages);
+        ``False`` if there is nothing to try (no stage)."""
         stages = tuple(stages)
         if not stages:
             self.arms = []
@@ -111,6 +118,11 @@ class StepAside:
     @property
     def done(self) -> bool:
         return self.decision is not None
+
+    @property
+    def started(self) -> bool:
+        r"""Whether a training step was seen or a decision taken (the arms are then fixed)."""
+        return self._ticks > 0 or self.decision is not None
 
     # -- driven by the engine, once per training step ----------------------------------------
     def tick(self, group: Optional[Any] = None,
@@ -138,7 +150,9 @@ class StepAside:
         return self._decide(group, timeout)
 
     def _decide(self, group: Optional[Any], timeout: Optional[Any]) -> Tuple[str, ...]:
-        medians = torch.tensor([statistics.median(self._times.get(i, [0.0]))
+        # An arm with no timed step (its only one was in progress at a checkpoint a run
+        # resumed from) is not chosen.
+        medians = torch.tensor([statistics.median(self._times.get(i, [float("inf")]))
                                 for i in range(len(self.arms))], dtype=torch.float64)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
             rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -157,22 +171,39 @@ class StepAside:
                          "seconds": seconds, "step": self._ticks}
         left = [s for s in self.arms[0] if s not in chosen]
         log.info("step aside: %s (median step %s)",
-                 f"kept {', '.join(chosen) or 'nothing (exact exchange)'}"
+                 f"kept {', '.join(chosen) or 'nothing (exact post exchange)'}"
                  + (f", left out {', '.join(left)}" if left else ""),
-                 ", ".join(f"{'+'.join(a) or 'exact'} {t * 1e3:.1f} ms"
+                 ", ".join(f"{'+'.join(a) or 'exact post'} {t * 1e3:.1f} ms"
                            for a, t in zip(self.arms, seconds)))
         return chosen
 
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        r"""The decision (an unfinished trial starts again after a resume)."""
-        return {"decision": self.decision}
+        r"""The decision and where the trial stands: a resumed run goes on with the arm
+        that was running (the same stages at the same steps as the run that was not
+        interrupted, so an exact one resumes bit for bit), the steps timed so far kept."""
+        return {"decision": self.decision, "ticks": self._ticks, "origin": self._origin,
+                "decided_at": self._decided_at,
+                "times": [[i, list(t)] for i, t in sorted(self._times.items())]}
 
     def load_state_dict(self, state: Dict[str, Any]) -> Optional[Tuple[str, ...]]:
-        r"""Restores the decision; returns its stages (``None`` when there was none)."""
+        r"""Restores the decision and the trial's progress; returns the stages to run now
+        (the decision's, or the running arm's; ``None``: the configured ones)."""
         self.decision = state.get("decision")
-        self._ticks, self._last, self._times, self._decided_at = 0, None, {}, 0
-        self._origin = None if self.decision is not None else self.warmup
+        self._last = None  # the step in progress at the checkpoint is not timed
+        if "ticks" not in state:  # a decision saved alone: a trial not finished starts again
+            self._ticks, self._times, self._decided_at = 0, {}, 0
+            self._origin = None if self.decision is not None else self.warmup
+            return tuple(self.decision["stages"]) if self.decision is not None else None
+        self._ticks, self._origin = int(state["ticks"]), state["origin"]
+        self._decided_at = int(state["decided_at"])
+        self._times = {int(i): [float(x) for x in t] for i, t in state["times"]}
+        if self._origin is not None and self.arms:
+            started = self._ticks - 1 - self._origin  # the step in progress, in the trial
+            if 0 <= started < len(self.arms) * self.steps:
+                return tuple(self.arms[started // self.steps])
+            if started < 0 and self.decision is None:
+                return None
         return tuple(self.decision["stages"]) if self.decision is not None else None
 
     def __repr__(self) -> str:

@@ -61,3 +61,25 @@ def test_auto_picks_the_predicted_fastest_mode_alike_and_exactly(link):
         for kind, err in r["errors"].items():
             assert err["logits"] < FP32, (rank, kind, err)
             assert all(v < FP32 for v in err["grads"].values()), (rank, kind, err)
+
+
+def test_a_tensor_at_a_freed_ones_address_is_checked_anew():
+    # The router recognizes the partition's edge values by content, remembering results per
+    # address and version. A tensor that was not the reference (last step's normalized
+    # weights) may be freed and its address reused by one that is (this step's
+    # `edge_weight.double()`): that one must not inherit the old answer.
+    import numpy as np
+    from lightning_fullgraph.engine.aggregation import _SameTensor
+    reference = torch.rand(50, dtype=torch.float64)
+    same = _SameTensor(reference)
+    memory = np.empty(50)
+    memory[:] = 2 * reference.numpy()
+    other = torch.from_numpy(memory)
+    assert not same(other)
+    address = other.data_ptr()
+    del other
+    memory[:] = reference.numpy()
+    now = torch.from_numpy(memory)  # the same address, version and shape
+    assert now.data_ptr() == address and now._version == 0
+    assert same(now)
+    assert same(now)  # remembered while it lives
