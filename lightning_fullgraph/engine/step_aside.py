@@ -19,9 +19,11 @@ cluster: README, "Time on an emulated cluster").  :class:`StepAside` measures in
 
 The aggregation mode is tried too, as a stage named after it (``"pre"``, ``"hybrid"``,
 ``"auto"``): left out, every layer runs post-aggregated.  Both are exact, but pre and hybrid
-send fewer rows at the cost of the senders' partial sums, and where the rows are already small
-(a 2-bit codec) or few the sums cost more than the link time they save (measured on the
-emulated cluster: hybrid with int2-compact took 1.10-1.12x the step of post with it).
+send fewer rows at the cost of more, smaller operations (the senders' partial sums, adding them
+in), and where the rows are already small (a 2-bit codec) or few that work can cost more than
+the link time it saves (on the emulated cluster, whose machines are CPU quotas that charge
+OpenMP's spinning threads as work, hybrid with int2-compact took 1.10-1.14x the step of post
+with it; 1.04x with ``OMP_WAIT_POLICY=PASSIVE``).
 
 Arms with a stage removed are exact in that stage, so a trial never trains less exactly
 than the configured policy (an aggregation of an unchanged input that the static-input cache
