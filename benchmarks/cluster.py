@@ -53,7 +53,10 @@ held to ``cores / N`` CPUs and ``rate * cores / N`` of link, so N one-core machi
 of ``rate`` are emulated with every time stretched by ``N / cores`` (in the JSON:
 ``dilation``); ``--node-cores K`` emulates K-core machines (ranks run K threads, time is
 stretched K times more, the link slowed as much); ``--no-dilate`` lets the nodes share the
-cores freely.  Read ratios.
+cores freely.  Read ratios.  A node is a CPU quota, which charges the time OpenMP's threads
+spin after each parallel region as work; the caller's environment reaches every node, so
+``OMP_WAIT_POLICY=PASSIVE python -m benchmarks cluster ...`` has them sleep at once (each row
+records the policy it ran under: ``omp_wait_policy``).
 
 Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the results
 directory: ``--out DIR``, ``$LIGHTNING_FULLGRAPH_BENCH_DIR`` or
@@ -247,6 +250,8 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
     trial = "aside" in config.split("+")[1:] and (first is None or first >= len(steps))
     start = max(len(steps) // 2, 0 if trial or first is None else first)
     return dict(model=model, config=config, rate=rate, nodes=nodes, seed=seed,
+                # The nodes inherit the caller's environment (EmulatedCluster.env).
+                omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or "default",
                 step_s=_median_from(steps, start) or summary["train_step_seconds"],
                 exchange_s=_median_from(exchanges, start) or summary["exchange_s_per_epoch"],
                 steady_from_epoch=start, in_trial=trial,

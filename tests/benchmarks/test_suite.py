@@ -255,3 +255,17 @@ def test_cluster_step_is_the_steady_state_after_step_aside_decides():
     assert short["in_trial"] and short["step_s"] == 7.0
     assert table([plain, short]).splitlines()[-1].startswith("* still in step aside's trial")
     assert "*" not in table([plain])
+
+
+def test_cluster_rows_record_the_openmp_wait_policy(monkeypatch):
+    # A node is a CPU quota that charges OpenMP's spinning threads as work: a row says
+    # which policy its run had (the nodes inherit the caller's environment).
+    from benchmarks.cluster import summarize
+    summary = dict(per_epoch=dict(step_s=[1.0, 1.0], exchange_s=[0.1, 0.1]),
+                   train_steps_per_epoch=1, train_step_seconds=1.0, exchange_s_per_epoch=0.1,
+                   compute_s_per_epoch=0.9, comm_MB_per_epoch_per_rank=1.0, test_acc=0.5,
+                   val_trace=[], fit_seconds=1.0, wall_s=1.0)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert summarize(summary, "sage", "post", "1gbit", 4, 0)["omp_wait_policy"] == "default"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert summarize(summary, "sage", "post", "1gbit", 4, 0)["omp_wait_policy"] == "PASSIVE"
