@@ -881,7 +881,8 @@ def _print_summary(s: dict) -> None:
                                                   for layer, c in choices.items()))
     aside = s.get("step_aside")
     if aside is not None:
-        times = ", ".join(f"{'+'.join(arm) or 'exact post'} {t:.3f} s"
+        times = ", ".join(f"{'+'.join(arm) or 'exact post'} "
+                          + (f"{t:.3f} s" if t is not None else "not timed")
                           for arm, t in zip(aside["arms"], aside["seconds"]))
         print(f"step aside           kept {', '.join(aside['stages']) or 'nothing (exact post)'} "
               f"(median step of each trial: {times})")

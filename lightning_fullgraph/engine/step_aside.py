@@ -37,6 +37,7 @@ step).  On by default (``ExchangeConfig(step_aside=True)``: ``FullGraphStrategy`
 """
 import itertools
 import logging
+import math
 import statistics
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -169,13 +170,17 @@ class StepAside:
         # "step": the first training step that runs the chosen stages, counted from the first
         # step this object saw (0; the first step is not ticked, so this tick's count is the
         # index of the step that starts now), for readers that time the steady state apart.
+        # An arm never timed is ``None`` in the decision (it goes to JSON summaries and
+        # checkpoints, where an infinite float is not valid JSON).
         self.decision = {"stages": list(chosen), "arms": [list(a) for a in self.arms],
-                         "seconds": seconds, "step": self._ticks}
+                         "seconds": [t if math.isfinite(t) else None for t in seconds],
+                         "step": self._ticks}
         left = [s for s in self.arms[0] if s not in chosen]
         log.info("step aside: %s (median step %s)",
                  f"kept {', '.join(chosen) or 'nothing (exact post exchange)'}"
                  + (f", left out {', '.join(left)}" if left else ""),
-                 ", ".join(f"{'+'.join(a) or 'exact post'} {t * 1e3:.1f} ms"
+                 ", ".join(f"{'+'.join(a) or 'exact post'} "
+                           + (f"{t * 1e3:.1f} ms" if math.isfinite(t) else "not timed")
                            for a, t in zip(self.arms, seconds)))
         return chosen
 

@@ -3,6 +3,8 @@
 The step clock is replaced by one that charges each step by the stages running in it, so the
 decisions are those of known timings; a real run times real steps (python -m benchmarks cluster).
 """
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -196,6 +198,41 @@ def test_a_resumed_trial_goes_on_where_it_stopped(stop):
     rest = run(resumed, 18 - stop, [now if now is not None else ("cache", "codec")])
     assert part + rest == whole
     assert resumed.decision["stages"] == straight.decision["stages"] == ["codec"]
+
+
+def test_an_arm_a_checkpoint_left_untimed_is_not_chosen_and_the_decision_is_json():
+    # With one timed step an arm, a checkpoint taken while that step runs leaves the arm
+    # with no time: it is not chosen, and its time is None in the decision (the decision
+    # goes to ``train --json`` and to checkpoints, where an infinite float is not JSON).
+    untimed = 0
+    for stop in range(1, 12):
+        def cost(stages):
+            return 0.5 if stages == ("codec", ) else 1.0
+
+        def run(aside, ticks, running):
+            saved, step_aside_module._clock = (step_aside_module._clock,
+                                               FakeClock(lambda: running[0], cost))
+            try:
+                for _ in range(ticks):
+                    stages = aside.tick()
+                    if stages is not None:
+                        running[0] = stages
+            finally:
+                step_aside_module._clock = saved
+
+        first = StepAside(warmup=0, steps=2)
+        first.bind(("codec", ))
+        run(first, stop, [("codec", )])
+        resumed = StepAside(warmup=0, steps=2)
+        resumed.bind(("codec", ))
+        now = resumed.load_state_dict(first.state_dict())
+        run(resumed, 12 - stop, [now if now is not None else ("codec", )])
+        decision = resumed.decision
+        json.dumps(decision, allow_nan=False)
+        seconds = dict(zip(map(tuple, decision["arms"]), decision["seconds"]))
+        assert seconds[tuple(decision["stages"])] is not None
+        untimed += None in seconds.values()
+    assert untimed > 0  # some checkpoint did leave the faster arm untimed
 
 
 def _train(rank, world_size, slow_rank):
