@@ -54,9 +54,11 @@ of ``rate`` are emulated with every time stretched by ``N / cores`` (in the JSON
 ``dilation``); ``--node-cores K`` emulates K-core machines (ranks run K threads, time is
 stretched K times more, the link slowed as much); ``--no-dilate`` lets the nodes share the
 cores freely.  Read ratios.  A node is a CPU quota, which charges the time OpenMP's threads
-spin after each parallel region as work; the caller's environment reaches every node, so
-``OMP_WAIT_POLICY=PASSIVE python -m benchmarks cluster ...`` has them sleep at once (each row
-records the policy it ran under: ``omp_wait_policy``).
+spin after each parallel region as work, where a machine's own idle cores would spin for
+free: the nodes run with ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at once) unless
+``--omp-wait-policy inherit`` leaves the caller's environment's (OpenMP's default, spinning,
+where it sets none); each row records the policy it ran under (``omp_wait_policy``; rows
+written before 2026-12-07 have none, or ``"default"``: they spun).
 
 Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the results
 directory: ``--out DIR``, ``$LIGHTNING_FULLGRAPH_BENCH_DIR`` or
@@ -172,7 +174,7 @@ def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Na
     # The checkout's package first (then the caller's path: e.g. torch-sparse for
     # NeighborLoader, installed aside).
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    env = dict(PYTHONPATH=path, OMP_NUM_THREADS=str(threads))
+    env = dict(PYTHONPATH=path, OMP_NUM_THREADS=str(threads), **node_openmp_env(opts))
     start = time.perf_counter()
     procs = cluster.torchrun(args, env=env, port=port, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -185,6 +187,21 @@ def run_job(cluster: EmulatedCluster, model: str, config: str, opts: argparse.Na
     summary = json.loads(text[text.index("{"):])
     summary["wall_s"] = round(wall, 2)
     return summary
+
+
+def node_openmp_env(opts: argparse.Namespace) -> Dict[str, str]:
+    r"""OpenMP settings the nodes run with beyond the caller's environment (which they
+    inherit): threads that sleep at once, unless ``--omp-wait-policy inherit``.  Spinning
+    costs a machine nothing on cores it does not use, but a node's CPU quota charges it as
+    work (3-layer GraphSAGE, int2-compact, two-core nodes: 3.655 s a step spinning, 2.877 s
+    passive), which would make the emulated machines slower than the ones they stand for."""
+    return {} if opts.omp_wait_policy == "inherit" else {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def openmp_wait_policy(opts: argparse.Namespace) -> str:
+    r"""The wait policy the nodes ran under, as a row records it."""
+    return node_openmp_env(opts).get("OMP_WAIT_POLICY") \
+        or os.environ.get("OMP_WAIT_POLICY") or "default"
 
 
 def time_to(trace: List[List[float]], target: float) -> Optional[float]:
@@ -250,8 +267,6 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
     trial = "aside" in config.split("+")[1:] and (first is None or first >= len(steps))
     start = max(len(steps) // 2, 0 if trial or first is None else first)
     return dict(model=model, config=config, rate=rate, nodes=nodes, seed=seed,
-                # The nodes inherit the caller's environment (EmulatedCluster.env).
-                omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or "default",
                 step_s=_median_from(steps, start) or summary["train_step_seconds"],
                 exchange_s=_median_from(exchanges, start) or summary["exchange_s_per_epoch"],
                 steady_from_epoch=start, in_trial=trial,
@@ -384,6 +399,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="cores of each emulated machine (dilated: each node still gets its "
                         "share of this machine's cores, and time is stretched by as much "
                         "more; ranks run this many threads; default 1)")
+    p.add_argument("--omp-wait-policy", choices=["passive", "inherit"], default="passive",
+                   help="OpenMP's threads on the nodes: sleep at once (passive, default: a "
+                        "node's CPU quota would charge their spinning as work, which a "
+                        "machine's own idle cores do for free), or the caller's environment "
+                        "(inherit: OpenMP's default, spinning, where it sets none)")
     p.add_argument("--no-predict", dest="predict", action="store_false",
                    help="skip the planner's step prediction (each job calibrates the link "
                         "at fit start for it: a few seconds)")
@@ -451,6 +471,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         link=str(fitted) if fitted.exists() and not source else None,
                         save_link=str(fitted) if source else None)
                     rows.append(summarize(summary, model, config, rate, nodes, seed))
+                    rows[-1]["omp_wait_policy"] = openmp_wait_policy(opts)
                     if opts.link_from is not None and fitted.exists():
                         rows[-1]["link"] = json.loads(fitted.read_text()) \
                             if source else f"fitted to {opts.link_from}"

@@ -1,6 +1,7 @@
 """The benchmark suite as a package: ``python -m benchmarks`` lists and runs the topics, no module
 edits ``sys.path``, results go outside the repository, ``benchmarks/results.json`` keeps its
 format and ``curate`` rebuilds an entry of it from a result file."""
+import argparse
 import ast
 import json
 import re
@@ -257,15 +258,43 @@ def test_cluster_step_is_the_steady_state_after_step_aside_decides():
     assert "*" not in table([plain])
 
 
-def test_cluster_rows_record_the_openmp_wait_policy(monkeypatch):
-    # A node is a CPU quota that charges OpenMP's spinning threads as work: a row says
-    # which policy its run had (the nodes inherit the caller's environment).
-    from benchmarks.cluster import summarize
-    summary = dict(per_epoch=dict(step_s=[1.0, 1.0], exchange_s=[0.1, 0.1]),
-                   train_steps_per_epoch=1, train_step_seconds=1.0, exchange_s_per_epoch=0.1,
-                   compute_s_per_epoch=0.9, comm_MB_per_epoch_per_rank=1.0, test_acc=0.5,
-                   val_trace=[], fit_seconds=1.0, wall_s=1.0)
+def test_cluster_nodes_wait_passively_unless_told_and_rows_say_which(monkeypatch):
+    # A node is a CPU quota that charges OpenMP's spinning threads as work (a machine's own
+    # idle cores spin for free): the nodes sleep at once by default, and a row says which
+    # policy its run had.
+    from benchmarks.cluster import node_openmp_env, openmp_wait_policy
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert summarize(summary, "sage", "post", "1gbit", 4, 0)["omp_wait_policy"] == "default"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    assert summarize(summary, "sage", "post", "1gbit", 4, 0)["omp_wait_policy"] == "PASSIVE"
+    passive = argparse.Namespace(omp_wait_policy="passive")
+    inherit = argparse.Namespace(omp_wait_policy="inherit")
+    assert node_openmp_env(passive) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert openmp_wait_policy(passive) == "PASSIVE"
+    assert node_openmp_env(inherit) == {}
+    assert openmp_wait_policy(inherit) == "default"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert openmp_wait_policy(inherit) == "ACTIVE"
+    assert openmp_wait_policy(passive) == "PASSIVE"
+
+
+def test_cluster_jobs_pass_the_wait_policy_to_every_node(monkeypatch):
+    import benchmarks.cluster as bench
+    seen = []
+
+    class Proc:
+        returncode = 0
+
+        def communicate(self, timeout=None):
+            return '{"train_step_seconds": 1.0}', ""
+
+    class Cluster:
+        nodes, node_cores = 2, 1
+
+        def torchrun(self, args, env, **kwargs):
+            seen.append(env)
+            return [Proc(), Proc()]
+
+    for policy, expected in (("passive", "PASSIVE"), ("inherit", None)):
+        opts = argparse.Namespace(dataset="cora", hidden=16, layers=2, epochs=1,
+                                  cache_dir="/tmp", predict=False, job_timeout=10,
+                                  omp_wait_policy=policy)
+        bench.run_job(Cluster(), "gcn", "post", opts, 0, 29999)
+        assert seen[-1].get("OMP_WAIT_POLICY") == expected
