@@ -24,7 +24,7 @@ def _run(*args, **kw):
 
 
 def test_every_topic_is_a_module_with_main():
-    assert len(TOPICS) == 21
+    assert len(TOPICS) == 22
     for topic in TOPICS:
         tree = ast.parse((BENCH / f"{topic}.py").read_text())
         assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), topic
@@ -298,3 +298,16 @@ def test_cluster_jobs_pass_the_wait_policy_to_every_node(monkeypatch):
                                   omp_wait_policy=policy)
         bench.run_job(Cluster(), "gcn", "post", opts, 0, 29999)
         assert seen[-1].get("OMP_WAIT_POLICY") == expected
+
+
+def test_busy_link_help_and_table():
+    proc = _run("busy_link", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m benchmarks busy_link")
+    assert "--grad-mb" in proc.stdout and "--json-out" in proc.stdout
+    from benchmarks.busy_link import table
+    row = dict(rate="1gbit", node_cores=4, all_reduce_idle_s=0.08, all_reduce_busy_s=0.37,
+               all_reduce_ratio=4.625, compute_idle_s=0.8, compute_busy_s=0.96,
+               compute_ratio=1.2)
+    last = table([row]).splitlines()[-1].split()
+    assert last[:2] == ["1gbit", "4"] and last[4] == "4.62" and last[-1] == "1.20"
