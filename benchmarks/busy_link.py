@@ -15,7 +15,7 @@ behind, which the planner does not model.
 Usage::
 
     python -m benchmarks busy_link                                # 4 four-core nodes, 1 Gbit/s
-    python -m benchmarks busy_link --node-cores 2 --rate 10gbit
+    python -m benchmarks busy_link --node-cores 2 --rates 10gbit
 
 Prints a table and writes JSON (``--json-out``, default ``busy_link-<time>.json`` in the
 results directory, see ``--out``).
@@ -101,7 +101,7 @@ def table(rows: List[Dict[str, float]]) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--rate", nargs="+", default=["1gbit"], help="link rates, e.g. 1gbit 10gbit")
+    p.add_argument("--rates", nargs="+", default=["1gbit"], help="link rates, e.g. 1gbit 10gbit")
     p.add_argument("--node-cores", type=int, default=4,
                    help="cores of each emulated machine (as benchmarks cluster; default 4)")
     p.add_argument("--grad-mb", type=float, default=0.8,
@@ -114,7 +114,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     opts = p.parse_args(argv)
     from lightning_fullgraph.cluster import EmulatedCluster, parse_rate
     rows = []
-    for rate in opts.rate:
+    for rate in opts.rates:
         cluster = EmulatedCluster.dilated(opts.nodes, rate, node_cores=opts.node_cores)
         path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
         env = dict(PYTHONPATH=path, OMP_NUM_THREADS=str(opts.node_cores),

@@ -28,8 +28,9 @@ class FakeClock:
         return self.now
 
 
-def _drive(aside, cost, ticks=40):
-    running = [tuple(aside.arms[0])]
+def _drive(aside, cost, ticks=40, start=None):
+    # start: the stages running at the first tick (default: the first arm's).
+    running = [tuple(start) if start is not None else tuple(aside.arms[0])]
     clock = FakeClock(lambda: running[0], cost)
     saved, step_aside_module._clock = step_aside_module._clock, clock
     try:
@@ -205,28 +206,17 @@ def test_an_arm_a_checkpoint_left_untimed_is_not_chosen_and_the_decision_is_json
     # with no time: it is not chosen, and its time is None in the decision (the decision
     # goes to ``train --json`` and to checkpoints, where an infinite float is not JSON).
     untimed = 0
+
+    def cost(stages):
+        return 0.5 if stages == ("codec", ) else 1.0
+
     for stop in range(1, 12):
-        def cost(stages):
-            return 0.5 if stages == ("codec", ) else 1.0
-
-        def run(aside, ticks, running):
-            saved, step_aside_module._clock = (step_aside_module._clock,
-                                               FakeClock(lambda: running[0], cost))
-            try:
-                for _ in range(ticks):
-                    stages = aside.tick()
-                    if stages is not None:
-                        running[0] = stages
-            finally:
-                step_aside_module._clock = saved
-
         first = StepAside(warmup=0, steps=2)
         first.bind(("codec", ))
-        run(first, stop, [("codec", )])
+        _drive(first, cost, stop)
         resumed = StepAside(warmup=0, steps=2)
         resumed.bind(("codec", ))
-        now = resumed.load_state_dict(first.state_dict())
-        run(resumed, 12 - stop, [now if now is not None else ("codec", )])
+        _drive(resumed, cost, 12 - stop, start=resumed.load_state_dict(first.state_dict()))
         decision = resumed.decision
         json.dumps(decision, allow_nan=False)
         seconds = dict(zip(map(tuple, decision["arms"]), decision["seconds"]))
