@@ -58,7 +58,7 @@ spin after each parallel region as work, where a machine's own idle cores would 
 free: the nodes run with ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at once) unless
 ``--omp-wait-policy inherit`` leaves the caller's environment's (OpenMP's default, spinning,
 where it sets none); each row records the policy it ran under (``omp_wait_policy``; rows
-written before 2026-12-07 have none, or ``"default"``: they spun).
+written before cda1158 have none, or ``"default"``: they spun).
 
 Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the results
 directory: ``--out DIR``, ``$LIGHTNING_FULLGRAPH_BENCH_DIR`` or
