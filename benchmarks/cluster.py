@@ -21,8 +21,9 @@ by the transfers the configuration keeps in flight beside it (the link's calibra
 contention, taken out of the reference's first), plus the
 configuration's predicted exchange seconds that the work it runs while they are in flight
 does not hide (measured windows; no less than the link is busy with the transfers the step
-waits for: the asynchronous pipeline's run into the next step), plus its codec's
-(:func:`~lightning_fullgraph.planner.predicted_step_seconds`).
+waits for: the asynchronous pipeline's run into the next step; for transfers in flight past
+the step, the step's own collectives' wait behind them, at the link's calibrated queue wait),
+plus its codec's (:func:`~lightning_fullgraph.planner.predicted_step_seconds`).
 
 Usage::
 
@@ -282,6 +283,8 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 predicted_exposed_s=summary.get("predicted_step_exposed_seconds"),
                 predicted_link_s=summary.get("predicted_step_link_seconds"),
                 link_contention=summary.get("link_contention"),
+                link_queue_wait=summary.get("link_queue_wait_seconds"),
+                step_collectives=summary.get("train_step_collectives"),
                 sent_MB=summary["comm_MB_per_epoch_per_rank"],
                 test_acc=summary["test_acc"], val_trace=summary["val_trace"],
                 fit_s=summary["fit_seconds"], wall_s=summary["wall_s"])

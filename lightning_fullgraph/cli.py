@@ -711,6 +711,8 @@ def _train(args) -> int:
         "predicted_step_exposed_seconds": last.get("comm/predicted_step_exposed_s"),
         "predicted_step_link_seconds": last.get("comm/predicted_step_link_s"),
         "link_contention": last.get("comm/link_contention"),
+        "link_queue_wait_seconds": last.get("comm/link_queue_wait_s"),
+        "train_step_collectives": last.get("comm/step_collectives"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }
     if trainer.global_rank == 0:

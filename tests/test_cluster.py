@@ -110,6 +110,47 @@ def test_the_shaping_is_visible_and_nothing_is_left_behind(tmp_path):
     assert after == before
 
 
+# Two ranks measure the planner's queue wait: a small all-reduce beside a bulk transfer of
+# their own on another group (what the asynchronous pipeline does to the gradient all-reduce).
+QUEUE_WAIT = textwrap.dedent("""
+    import json, sys, torch.distributed as dist
+    from lightning_fullgraph.planner import calibrate_queue_wait
+    rank, master, beta = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:29623", rank=rank, world_size=2)
+    wait = calibrate_queue_wait(beta=beta)
+    dist.destroy_process_group()
+    print(json.dumps(dict(wait=wait)), flush=True)
+""")
+
+
+def _queue_wait(rate, tmp_path):
+    script = tmp_path / "queue_wait.py"
+    script.write_text(QUEUE_WAIT)
+    import subprocess
+    beta = parse_rate(rate) / 8 if rate else 1e9
+    extra = dict(PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with EmulatedCluster(2, rate) as cluster:
+        procs = [cluster.popen(node, [sys.executable, str(script), str(node), cluster.address(0),
+                                      str(beta)], stdout=subprocess.PIPE, text=True, env=extra)
+                 for node in range(2)]
+        codes = cluster.wait(procs, timeout=120)
+        outs = [p.stdout.read() for p in procs]
+    assert codes == [0, 0], codes
+    waits = [json.loads(out.strip().splitlines()[-1])["wait"] for out in outs]
+    assert waits[0] == waits[1]  # all-reduced: every rank predicts the same step
+    return waits[0]
+
+
+@needs_cluster
+def test_a_collective_queues_behind_a_transfer_on_a_shaped_link(tmp_path):
+    # The link's queue holds what the transfer sent ahead: on a shaped link every message of
+    # the all-reduce waits behind it; on an unshaped one the transfer does not queue.
+    shaped = _queue_wait("100mbit", tmp_path)
+    unshaped = _queue_wait(None, tmp_path)
+    assert shaped > 0.02, shaped
+    assert shaped > 5 * unshaped, (shaped, unshaped)
+
+
 @needs_cluster
 def test_a_two_node_job_trains_and_sends_the_planned_bytes(tmp_path):
     import subprocess

@@ -71,9 +71,13 @@ class CommunicationMonitor(Callback):
     throughput), ``comm/predicted_step_exposed_s`` (per exchange, the part of its predicted
     seconds longer than the work measured to run while it is in flight) and
     ``comm/predicted_step_link_s`` (the exchange seconds of the transfers the step waits for:
-    the asynchronous pipeline's run into the next step), and ``comm/link_contention`` (the
+    the asynchronous pipeline's run into the next step), ``comm/link_contention`` (the
     link's :attr:`~lightning_fullgraph.planner.LinkModel.contention`: compute lost while
-    transfers are in flight): with the step's
+    transfers are in flight), ``comm/link_queue_wait_s`` (its
+    :attr:`~lightning_fullgraph.planner.LinkModel.queue_wait`: what a collective waits behind
+    a transfer still in flight) and ``comm/step_collectives`` (the synchronous collectives
+    outside the exchange per training step, which wait so behind the pipeline's): with the
+    step's
     compute (``comm/step_compute_s``, the training step without its blocked exchanges,
     measured), they are the planner's step time
     (:func:`~lightning_fullgraph.planner.predicted_step_seconds`).  The
@@ -337,6 +341,9 @@ class CommunicationMonitor(Callback):
             metrics["comm/predicted_step_link_s"] = step[3]
             # The same on every rank (calibrated from all-reduced times, or read from a file).
             metrics["comm/link_contention"] = self.predictor.link.contention
+            metrics["comm/link_queue_wait_s"] = self.predictor.link.queue_wait
+            # Counted alike on every rank (the same collectives run everywhere).
+            metrics["comm/step_collectives"] = self.predictor.step_collectives()
         if observed is not None:
             fitted = self.predictor.observe(peak[len(peak) - len(observed):])
             if fitted is not None:

@@ -266,7 +266,7 @@ class FullGraphEngine:
         if dist.is_available() and dist.is_initialized() \
                 and dist.get_world_size(self.group) > 1:
             self._hooks = BackwardHooks(model, self._output_scale, self.group, self.timeout,
-                                        on_reduced=self.next_step)
+                                        on_reduced=self.next_step, stats=self.stats)
         return self._model
 
     def _output_scale(self) -> float:
@@ -360,7 +360,7 @@ class FullGraphEngine:
     def all_reduce_gradients(self, params: Iterable[Tensor]) -> None:
         r"""Sums the ``.grad`` of :obj:`params` over ranks (see
         :func:`~lightning_fullgraph.engine.all_reduce_gradients`)."""
-        all_reduce_gradients(params, group=self.group, timeout=self.timeout)
+        all_reduce_gradients(params, group=self.group, timeout=self.timeout, stats=self.stats)
 
     def reduce_backward(self, run_backward, params: Optional[Iterable[Tensor]] = None):
         r"""Runs :obj:`run_backward` and sums over ranks only the gradients it added
@@ -369,7 +369,7 @@ class FullGraphEngine:
         if self._hooks is not None:
             self._hooks.drop_stale()
         return reduce_backward(run_backward, self._params(params), group=self.group,
-                               timeout=self.timeout)
+                               timeout=self.timeout, stats=self.stats)
 
     def backward(self, loss: Tensor, params: Optional[Iterable[Tensor]] = None) -> None:
         r"""Scales :obj:`loss`, back-propagates, and sums the new gradients over ranks.

@@ -50,7 +50,7 @@ def broadcast_parameters(module: torch.nn.Module, src: int = 0,
 
 
 def all_reduce_gradients(params: Iterable[Tensor], group: Optional[Any] = None,
-                         timeout: Optional[Any] = None) -> None:
+                         timeout: Optional[Any] = None, *, stats: Optional[Any] = None) -> int:
     r"""Sums ``.grad`` of :obj:`params` over ranks in flat buckets.
 
     Reduces what single-process training would have: a parameter whose gradient is
@@ -65,12 +65,17 @@ def all_reduce_gradients(params: Iterable[Tensor], group: Optional[Any] = None,
             are skipped).
         group (ProcessGroup, optional): The process group.
         timeout (float or timedelta, optional): The group's timeout, for messages.
+        stats (CommStats, optional): Counts the collectives
+            (:meth:`~lightning_fullgraph.engine.CommStats.record_collectives`).
+
+    Returns:
+        int: The collectives it ran (``0`` for one process).
     """
     if _world(group) == 1:
-        return
+        return 0
     params = [p for p in params if p.requires_grad]
     if not params:
-        return
+        return 0
     present, _ = _agree([p.grad is not None for p in params], (), params[0].device, group,
                         timeout)
     grads = []
@@ -79,11 +84,15 @@ def all_reduce_gradients(params: Iterable[Tensor], group: Optional[Any] = None,
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-    _reduce_tensors(grads, group, timeout)
+    count = 1 + _reduce_tensors(grads, group, timeout)
+    if stats is not None:
+        stats.record_collectives(count)
+    return count
 
 
 def reduce_backward(run_backward: Callable[[], Any], params: Iterable[Tensor],
-                    group: Optional[Any] = None, timeout: Optional[Any] = None) -> Any:
+                    group: Optional[Any] = None, timeout: Optional[Any] = None, *,
+                    stats: Optional[Any] = None) -> Any:
     r"""Runs a backward pass and sums over ranks only the gradients it produced.
 
     Gradients already accumulated in ``.grad`` (an earlier ``manual_backward`` of the
@@ -97,6 +106,7 @@ def reduce_backward(run_backward: Callable[[], Any], params: Iterable[Tensor],
         params (Iterable[torch.Tensor]): The model's parameters.
         group (ProcessGroup, optional): The process group.
         timeout (float or timedelta, optional): The group's timeout, for messages.
+        stats (CommStats, optional): Counts the reduction's collectives.
 
     Returns:
         What :obj:`run_backward` returned.
@@ -115,7 +125,7 @@ def reduce_backward(run_backward: Callable[[], Any], params: Iterable[Tensor],
         raise
     finally:
         _reducing -= 1
-    all_reduce_gradients(params, group, timeout)
+    all_reduce_gradients(params, group, timeout, stats=stats)
     for p, old in zip(params, earlier):
         if old is None:
             continue
@@ -138,23 +148,25 @@ def _agree(present: Sequence[bool], flags: Sequence[bool], device, group,
     return agreed[:len(present)], agreed[len(present):]
 
 
-def _reduce_tensors(tensors: List[Tensor], group, timeout, average: bool = False) -> None:
-    r"""Sums (or averages) :obj:`tensors` over ranks in place, in flat buckets per dtype."""
+def _reduce_tensors(tensors: List[Tensor], group, timeout, average: bool = False) -> int:
+    r"""Sums (or averages) :obj:`tensors` over ranks in place, in flat buckets per dtype;
+    returns the all-reduces it ran."""
     rank, peers = dist.get_rank(group), range(_world(group))
     bucket: List[Tensor] = []
-    size = 0
+    size = count = 0
     for t in tensors:
         bucket.append(t)
         size += t.numel() * t.element_size()
         if size >= _BUCKET_BYTES:
-            _reduce_bucket(bucket, group, rank, peers, timeout, average)
+            count += _reduce_bucket(bucket, group, rank, peers, timeout, average)
             bucket, size = [], 0
     if bucket:
-        _reduce_bucket(bucket, group, rank, peers, timeout, average)
+        count += _reduce_bucket(bucket, group, rank, peers, timeout, average)
+    return count
 
 
 def _reduce_bucket(tensors: List[Tensor], group, rank: int, peers, timeout,
-                   average: bool) -> None:
+                   average: bool) -> int:
     by_dtype: Dict[torch.dtype, List[Tensor]] = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
@@ -169,6 +181,7 @@ def _reduce_bucket(tensors: List[Tensor], group, rank: int, peers, timeout,
             n = t.numel()
             t.copy_(flat[offset:offset + n].view_as(t))
             offset += n
+    return len(by_dtype)
 
 
 def loss_weight(local_count: int, global_count: int) -> float:
@@ -244,14 +257,17 @@ class BackwardHooks:
         on_reduced (Callable, optional): Called after each pass whose gradients were reduced
             (the engine advances its codecs' step counter there, as ``engine.backward``
             does).
+        stats (CommStats, optional): Counts the reduction's collectives.
     """
 
     def __init__(self, model: torch.nn.Module, scale: Callable[[], float],
                  group: Optional[Any] = None, timeout: Optional[Any] = None,
                  fix: str = "engine.backward(loss)",
-                 on_reduced: Optional[Callable[[], Any]] = None) -> None:
+                 on_reduced: Optional[Callable[[], Any]] = None,
+                 stats: Optional[Any] = None) -> None:
         self.model, self.group, self.timeout, self.fix = model, group, timeout, fix
         self.on_reduced = on_reduced
+        self.stats = stats
         self._warned_eval = False
         self.world = _world(group)
         self._scale_of = scale
@@ -401,7 +417,9 @@ class BackwardHooks:
             raise UnreducedBackwardError(self._refusal(claimed))
         new = [g if g is not None else torch.zeros_like(p)
                for (p, g, _), used in zip(rows, present) if used]
-        _reduce_tensors(new, self.group, self.timeout, average=True)
+        count = 1 + _reduce_tensors(new, self.group, self.timeout, average=True)
+        if self.stats is not None:
+            self.stats.record_collectives(count)
         it = iter(new)
         for (p, _, earlier), used in zip(rows, present):
             if not used:

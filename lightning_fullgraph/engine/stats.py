@@ -73,6 +73,11 @@ class CommStats:
 
     counters: Dict[tuple, ExchangeCounter] = field(
         default_factory=lambda: defaultdict(ExchangeCounter))
+    #: Synchronous collectives of the engine's group outside the halo exchange (the
+    #: gradient reduction's, the strategy's signal agreement): each one queues behind a
+    #: transfer still in flight on the link (the planner's
+    #: :attr:`~lightning_fullgraph.planner.LinkModel.queue_wait`).
+    collectives: int = 0
 
     def record(self, key: str, direction: str, *, bytes_sent: int, bytes_received: int,
                rows_sent: int, rows_received: int, seconds: float,
@@ -125,8 +130,13 @@ class CommStats:
         c.pipelined += 1
         c.stale += int(stale)
 
+    def record_collectives(self, count: int) -> None:
+        r"""Synchronous collectives run outside the halo exchange (:attr:`collectives`)."""
+        self.collectives += int(count)
+
     def reset(self) -> None:
         self.counters.clear()
+        self.collectives = 0
 
     def total(self, direction: str = None) -> ExchangeCounter:
         r"""Sums all counters, or those of one direction."""

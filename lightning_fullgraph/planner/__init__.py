@@ -29,7 +29,7 @@ Example::
     print(predict(profile, counts, link).summary())
 """
 from .calibrate import (DEFAULT_SIZES, calibrate, calibrate_codec, calibrate_codec_costs,
-                        calibrate_contention, calibrate_local)
+                        calibrate_contention, calibrate_local, calibrate_queue_wait)
 from .counts import RankCounts, partition_counts
 from .fit import fit_link, observations
 from .link import LinkModel
@@ -45,6 +45,7 @@ __all__ = [
     "calibrate_codec",
     "calibrate_codec_costs",
     "calibrate_contention",
+    "calibrate_queue_wait",
     "calibrate_local",
     "DEFAULT_SIZES",
     "fit_link",

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from .link import LinkModel
 
 __all__ = ["calibrate", "calibrate_codec", "calibrate_codec_costs", "calibrate_contention",
-           "calibrate_local", "DEFAULT_SIZES"]
+           "calibrate_queue_wait", "calibrate_local", "DEFAULT_SIZES"]
 
 #: Values per row of the narrow block :func:`calibrate_codec_costs` times beside the wide one
 #: (the rows of a layer whose outputs are a handful of classes).
@@ -308,6 +308,75 @@ def calibrate_contention(group: Optional[Any] = None, *, beta: float, repeats: i
     return min(0.95, float(share.item()) / world)
 
 
+
+def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: int = 3,
+                         fill_s: float = 0.2, timed: int = 3,
+                         max_bytes: int = 1 << 26) -> float:
+    r"""The seconds a small synchronous collective waits longer while a transfer of the
+    rank's own, on another process group, keeps its link busy:
+    :attr:`~.link.LinkModel.queue_wait`.
+
+    A transfer left in flight past the training step (the asynchronous pipeline's, on a group
+    of its own) fills the link's queue, and every message of the step's own collectives (the
+    gradient all-reduce, the signal agreement) queues behind its bytes: on four emulated
+    four-core machines at 1 Gbit/s, a 0.8 MB all-reduce took 0.081 s on an idle link and
+    0.430 s beside such a transfer (``python -m benchmarks busy_link``).  Timed here as it
+    happens: an all-reduce of 256 values on :obj:`group` alone, and again :obj:`fill_s`
+    seconds after an asynchronous ``all_to_all_single`` on a second group (created here over
+    the same ranks and destroyed after) started with enough bytes at :obj:`beta` to outlast
+    it, :obj:`timed` of them each time, :obj:`repeats` times; the queue wait is the median
+    excess per all-reduce, mean over ranks (all-reduced: the same on every rank).  CPU
+    tensors only (gloo); ``0.0`` for one rank, and for a group that is not the whole world
+    (creating the second group would need every process of the world).
+
+    Every rank of the world must call it at the same point.
+
+    Args:
+        group (ProcessGroup, optional): The group (default: the world).
+        beta (float): The group's bandwidth in bytes per second (sizes the transfer).
+        repeats (int): Timed repetitions.
+        fill_s (float): Seconds the transfer runs before the timed all-reduces (its bytes
+            fill the link's queue first).
+        timed (int): All-reduces timed per repetition.
+        max_bytes (int): Most bytes one rank sends in the transfer.
+
+    Returns:
+        float: Seconds per collective, at least ``0``.
+    """
+    world, rank, _ = _group_info(group)
+    if world < 2 or world != dist.get_world_size():
+        return 0.0
+    side = dist.new_group(backend="gloo")
+    try:
+        small = torch.zeros(256)
+
+        def collectives() -> float:
+            t0 = time.perf_counter()
+            for _ in range(int(timed)):
+                dist.all_reduce(small, group=group)
+            return (time.perf_counter() - t0) / int(timed)
+
+        collectives()  # warm-up: the connections exist before anything is timed
+        # Long enough to run through the wait, the timed collectives and a margin.
+        nbytes = min(int(max_bytes), int(beta * (fill_s + 1.0)))
+        send, recv, splits = _buffers(nbytes, world, rank, torch.device("cpu"))
+        idle, busy = [], []
+        for _ in range(int(repeats)):
+            dist.barrier(group=group)
+            idle.append(collectives())
+            dist.barrier(group=group)
+            work = dist.all_to_all_single(recv, send, output_split_sizes=splits,
+                                          input_split_sizes=splits, group=side, async_op=True)
+            time.sleep(fill_s)
+            busy.append(collectives())
+            work.wait()
+    finally:
+        dist.destroy_process_group(side)
+    wait = torch.tensor([max(0.0, statistics.median(busy) - statistics.median(idle))],
+                        dtype=torch.float64)
+    dist.all_reduce(wait, op=dist.ReduceOp.SUM, group=group)
+    return float(wait.item()) / world
+
 def _fit(sizes: Sequence[int], seconds: Sequence[float], world: int):
     r"""``(alpha, beta)`` from the sweep: zero-size intercept, slope through it."""
     pairs = list(zip(sizes, seconds))
@@ -326,8 +395,9 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
               device: Optional[torch.device] = None,
               codec: Any = None, codec_rows: int = 4096, codec_width: int = 128,
               contention: bool = False) -> LinkModel:
-    r"""Measures latency, bandwidth and codec throughput on :obj:`group` (and, asked for, the
-    contention of compute with transfers in flight).
+    r"""Measures latency, bandwidth and codec throughput on :obj:`group` (and, asked for, what
+    transfers in flight cost: the contention of compute with them, and the queue wait of a
+    collective behind them).
 
     Every rank of the group must call it at the same point (it runs barriers and
     ``all_to_all_single`` collectives, then one ``all_gather`` and one ``all_reduce``).  The
@@ -353,7 +423,9 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
             values in rows of 8 is timed too: :func:`calibrate_codec_costs`).
         contention (bool): Also measure :attr:`~.link.LinkModel.contention`
             (:func:`calibrate_contention`: ten compute blocks of 0.2 s and the transfers
-            beside five of them; CPU tensors only, else left at 0).
+            beside five of them) and :attr:`~.link.LinkModel.queue_wait`
+            (:func:`calibrate_queue_wait`: three transfers of about 1.2 s; a group that is
+            the whole world only); CPU tensors only, else left at 0.
 
     Returns:
         LinkModel
@@ -389,14 +461,15 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
     else:
         sent = [s // 4 * 4 for s in sizes]
     alpha, beta = _fit(sent, means, world)
-    share = calibrate_contention(group, beta=beta) \
-        if contention and world > 1 and device.type == "cpu" else 0.0
+    measure = contention and world > 1 and device.type == "cpu"
+    share = calibrate_contention(group, beta=beta) if measure else 0.0
+    queue = calibrate_queue_wait(group, beta=beta) if measure else 0.0
     return LinkModel(alpha=alpha, beta=beta, codec_throughput=throughput,
                      codec_row_seconds=row_s,
                      world_size=world, backend=backend, device=str(device),
                      samples=list(zip(sent, means)),
                      codec=type(codec).__name__ if codec is not None else "IdentityCodec",
-                     contention=share)
+                     contention=share, queue_wait=queue)
 
 
 def _calibrate_worker(rank: int, world_size: int, kwargs: Dict[str, Any]) -> Dict[str, Any]:

@@ -12,7 +12,11 @@ needs, measured by :mod:`.calibrate` on the process group that trains:
   costs on top (a codec that writes a header per row pays it per row: a 5-class layer's
   rows cost it ten times more per byte than 256-wide ones);
 * :attr:`~LinkModel.contention`, the fraction of its compute a rank loses while its own
-  transfers are in flight (moving bytes takes the cores that compute too): what overlap costs.
+  transfers are in flight (moving bytes takes the cores that compute too): what overlap costs;
+* :attr:`~LinkModel.queue_wait`, the seconds a small synchronous collective waits longer
+  while a transfer of the rank's own on another process group fills the link's queue (the
+  asynchronous pipeline's, in flight into the next step, delays the step's gradient
+  all-reduce): what a transfer left running past the step costs.
 
 The time of one exchange in which the busiest rank sends or receives :math:`B` bytes over a
 group of :math:`P` ranks is :math:`\alpha (P - 1) + B / \beta` (gloo's all-to-all talks to
@@ -46,6 +50,10 @@ class LinkModel:
         contention (float): Compute seconds a rank loses per second that a transfer of its own
             is in flight beside it, in ``[0, 1)`` (:func:`~.calibrate.calibrate_contention`;
             ``0.0``: not measured, overlap taken as free).
+        queue_wait (float): Seconds one small synchronous collective on the group takes longer
+            while a transfer of the rank's own on another group keeps the link busy: its
+            messages queue behind the transfer's bytes (:func:`~.calibrate.calibrate_queue_wait`;
+            ``0.0``: not measured).
         codec_row_seconds (float): Seconds of ``encode`` + ``decode`` per row on top of its
             bytes (:func:`~.calibrate.calibrate_codec_costs`; ``0.0``: not measured, the
             throughput alone).
@@ -63,6 +71,7 @@ class LinkModel:
     source: str = "ping-pong"
     contention: float = 0.0
     codec_row_seconds: float = 0.0
+    queue_wait: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "codec_throughput"):
@@ -76,6 +85,10 @@ class LinkModel:
         if not self.codec_row_seconds >= 0 or math.isinf(self.codec_row_seconds):
             raise ValueError(f"LinkModel.codec_row_seconds must be finite and >= 0, got "
                              f"{self.codec_row_seconds}")
+        self.queue_wait = float(self.queue_wait)
+        if not self.queue_wait >= 0 or math.isinf(self.queue_wait):
+            raise ValueError(f"LinkModel.queue_wait must be finite and >= 0, got "
+                             f"{self.queue_wait}")
         if not 0.0 <= self.contention < 1.0:
             raise ValueError(f"LinkModel.contention must be in [0, 1), got {self.contention}")
         if self.source not in ("ping-pong", "training"):
@@ -208,6 +221,8 @@ class LinkModel:
             codec += f" + {self.codec_row_seconds * 1e9:.0f} ns/row"
         source = ", fitted to training" if self.source == "training" else ""
         overlap = f", overlap costs {self.contention:.0%} of compute" if self.contention else ""
+        if self.queue_wait:
+            overlap += f", a collective queues {self.queue_wait * 1e3:.0f} ms behind a transfer"
         return (f"alpha {self.alpha * 1e6:.1f} us/peer, beta {self.beta / 1e9:.3f} GB/s{codec}"
                 f"{overlap} "
                 f"({self.backend}, {self.world_size} rank{'s' if self.world_size != 1 else ''}, "

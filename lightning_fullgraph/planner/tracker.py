@@ -111,6 +111,11 @@ class PredictionTracker:
         # training with windows it never had.
         self._train_windows: Dict[Tuple[str, str], List[float]] = {}
         self._mark: Optional[Dict[Tuple[str, str], Tuple[float, ...]]] = None
+        # The engine's synchronous collectives outside the exchange in the epoch's training
+        # steps (each one queues behind the pipeline's transfers in flight), and the count
+        # at the running step's start.
+        self._train_collectives = 0
+        self._collectives_mark: Optional[int] = None
         # The engine's stage changes seen (step aside's arms and decision change the calls).
         self._stages_seen = getattr(engine, "stages_changed", 0)
         if profile is None:
@@ -196,6 +201,7 @@ class PredictionTracker:
         self.offset = dict(self.index)
         self.in_epoch = {p: 0 for p in PHASES}
         self._train_windows, self._mark = {}, None
+        self._train_collectives, self._collectives_mark = 0, None
 
     def step_start(self, phase: str) -> None:
         self._active = phase
@@ -209,6 +215,7 @@ class PredictionTracker:
                 self.steady = {p: False for p in PHASES}
         if phase == "train":
             self._mark = self._windows_now()
+            self._collectives_mark = self._collectives_now()
         if self.recorder is not None and not self.steady[phase]:
             self.recorder.begin()
 
@@ -223,6 +230,12 @@ class PredictionTracker:
                 for i, (a, b) in enumerate(zip(now, before)):
                     total[i] += max(0.0, a - b)  # a reset within the step counts from zero
             self._mark = None
+        if phase == "train" and self._collectives_mark is not None:
+            # A reset within the step (the epoch's counters) counts from zero.
+            now = self._collectives_now()
+            self._train_collectives += now - self._collectives_mark \
+                if now >= self._collectives_mark else now
+            self._collectives_mark = None
         if self.recorder is not None and self.recorder.recording:
             steps = self.learned[phase]
             steps.append(self.recorder.end())
@@ -254,7 +267,8 @@ class PredictionTracker:
                    for call, times in sorted(calls.items(), key=lambda kv: _order(kv[0]))]
         return out, torch.tensor(seconds, dtype=torch.float64)
 
-    def step_seconds(self, stats: Any = None) -> Optional[Tensor]:
+    def step_seconds(self, stats: Any = None,
+                     collectives: Optional[float] = None) -> Optional[Tensor]:
         r"""This rank's predicted seconds of one steady training step (with a link model).
 
         Per exchange call :math:`c` of the step: its exchange seconds :math:`t_x(c)` (latency
@@ -284,11 +298,19 @@ class PredictionTracker:
         out of the link term, and share one window, the mean seconds :math:`\bar w` from
         their start to the wait for them a step later: the step is exposed only to the
         backlog :math:`\max(0, \sum_{c\ bg} t_x(c) - \bar w)` a link too slow for them
-        builds up, split over those calls in proportion to :math:`t_x(c)`.
+        builds up, split over those calls in proportion to :math:`t_x(c)`.  While they are in
+        flight, the step's own synchronous collectives outside the exchange (:math:`n` of them:
+        the gradient reduction's, the signal agreement) queue behind their bytes on the link,
+        each for the link's :attr:`~.link.LinkModel.queue_wait` :math:`q` when the link is
+        busy with them: the step is exposed to
+        :math:`n\, q \min(1, \sum_{c\ bg} t_x(c) / \bar w)` more (the share of the window the
+        link is busy), split over the background calls the same way.
 
         Args:
             stats (CommStats, optional): The engine's counters so far (the windows); without
                 them nothing counts as hidden.
+            collectives (float, optional): :math:`n`, per training step (default:
+                :meth:`step_collectives`).
 
         Returns:
             torch.Tensor or None: float64 ``[4 * calls]``, ``(exchange, codec, exposed,
@@ -317,10 +339,24 @@ class PredictionTracker:
             rows.append([exchange, codec, max(0.0, exchange - window), exchange])
         if background:
             total = sum(rows[i][0] for i in background)
-            backlog = max(0.0, total - sum(windows) / len(windows))
+            window = sum(windows) / len(windows)
+            backlog = max(0.0, total - window)
+            n = self.step_collectives() if collectives is None else float(collectives)
+            busy = min(1.0, total / window) if window > 0 else 1.0
+            exposed = backlog + n * self.link.queue_wait * busy
             for i in background:
-                rows[i][2] = rows[i][0] * backlog / total if total else 0.0
+                rows[i][2] = rows[i][0] * exposed / total if total else 0.0
         return torch.tensor([v for row in rows for v in row], dtype=torch.float64)
+
+    def _collectives_now(self) -> int:
+        return int(getattr(getattr(self.engine, "stats", None), "collectives", 0))
+
+    def step_collectives(self) -> float:
+        r"""The engine's synchronous collectives outside the halo exchange per training step
+        of this epoch so far (the gradient reduction's, the signal agreement), mean over
+        steps; ``0.0`` before the first."""
+        steps = self.in_epoch["train"]
+        return self._train_collectives / steps if steps else 0.0
 
     def _windows_now(self) -> Dict[Tuple[str, str], Tuple[float, ...]]:
         stats = getattr(self.engine, "stats", None)

@@ -226,9 +226,11 @@ class BoundedRunMixin:
         if self.lightning_module is not None:
             self._signals.install(self.lightning_module.trainer)
 
-    def _sync_signals(self) -> None:
-        if self.lightning_module is not None:
-            self._signals.sync(self.lightning_module.trainer)
+    def _sync_signals(self) -> int:
+        r"""Agrees on every rank's signals; returns the collectives it ran."""
+        if self.lightning_module is None:
+            return 0
+        return self._signals.sync(self.lightning_module.trainer)
 
     def on_train_start(self) -> None:
         super().on_train_start()

@@ -359,6 +359,14 @@ class FullGraphStrategy(BoundedRunMixin, DDPStrategy):
         if self.engine is not None:
             self.engine.drain()  # the pipeline's last transfers, before anything else
 
+    def _sync_signals(self) -> int:
+        ran = super()._sync_signals()
+        if self.engine is not None:
+            # Counted with the engine's other collectives outside the exchange: the planner
+            # prices each one's wait behind the pipeline's transfers still in flight.
+            self.engine.stats.record_collectives(ran)
+        return ran
+
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         self._sync_signals()
         if self.engine is not None:

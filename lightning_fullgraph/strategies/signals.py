@@ -134,19 +134,24 @@ class DeferredSignals:
         launcher.kill(signum)
 
     # -- agreement -----------------------------------------------------------------------
-    def sync(self, trainer: Any) -> None:
+    def sync(self, trainer: Any) -> int:
         r"""Called by every rank at the start of each step: acts on any rank's signal.
+
+        Returns:
+            int: The collectives it ran (``1``, or ``0`` for one process).
 
         Raises:
             SIGTERMException: on every rank, if any rank received SIGTERM.
         """
         flags = torch.tensor([int(self.pending[_STOP]), int(self.pending[_REQUEUE])],
                              dtype=torch.int32)
+        ran = 0
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(self.group) > 1:
             rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
             with guarded("signal agreement all-reduce (start of a step)", rank,
                          (r for r in range(world) if r != rank), self.timeout):
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            ran = 1
         stop, requeue = (bool(v) for v in flags.tolist())
         connector = compat.signal_connector(trainer)
         if requeue:
@@ -159,3 +164,4 @@ class DeferredSignals:
             from lightning.pytorch.utilities.exceptions import SIGTERMException
             connector.received_sigterm = True
             raise SIGTERMException()
+        return ran

@@ -3,6 +3,7 @@ direction, for every step of a run; calibration is the same on every rank; the
 CommunicationMonitor logs predictions equal to its measurements (with exchange calls recorded
 from the run or profiled before it, and a link given or calibrated at fit start), and fits the
 same link to the run's exchanges on every rank."""
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -108,8 +109,16 @@ def _monitor(part, kind, mode, num_features, profile, link, save_link=None, over
     for call in tracker.profile.train_steady:
         ahead.add_seconds(call.key, call.direction, 0.0, in_flight=1e3, background=True)
         behind.add_seconds(call.key, call.direction, 0.0, in_flight=0.0, background=True)
-    ahead = tracker.step_seconds(ahead).view(-1, 4)
-    behind = tracker.step_seconds(behind).view(-1, 4)
+    # The step's collectives outside the exchange (engine.backward's presence agreement and
+    # its one gradient bucket) queue behind them, each for the link's queue wait, as far as
+    # the link is busy with them: all of the time a step waits for them at once, a tiny
+    # share of a window of 1,000 s.
+    queued = replace(tracker.link, queue_wait=0.5)
+    terms.update(collectives=tracker.step_collectives(),
+                 queued_ahead=_exposed(tracker, queued, ahead),
+                 queued_behind=_exposed(tracker, queued, behind))
+    ahead = tracker.step_seconds(ahead, collectives=0).view(-1, 4)
+    behind = tracker.step_seconds(behind, collectives=0).view(-1, 4)
     terms.update(ahead_exposed=ahead[:, 2].sum().item(), ahead_link=ahead[:, 3].sum().item(),
                  behind_exposed=behind[:, 2].sum().item(), behind_link=behind[:, 3].sum().item())
     monitor.on_fit_end(trainer, module)
@@ -119,6 +128,15 @@ def _monitor(part, kind, mode, num_features, profile, link, save_link=None, over
     fitted = monitor.fitted_link.to_dict() if monitor.fitted_link is not None else None
     own = [h["comm/step_compute_s"] for h in monitor.history]  # this rank's, per epoch
     return dict(epochs=epochs, fitted=fitted, terms=terms, own_compute=own)
+
+
+def _exposed(tracker, link, stats):
+    r"""The predicted exposed seconds of one step on :obj:`link` instead of the tracker's."""
+    own, tracker.link = tracker.link, link
+    try:
+        return tracker.step_seconds(stats).view(-1, 4)[:, 2].sum().item()
+    finally:
+        tracker.link = own
 
 
 def _rank(rank, world_size, profiles, save_link):
@@ -219,6 +237,10 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
             assert terms["ahead_exposed"] == terms["ahead_link"] == 0, name
             assert terms["behind_link"] == 0, name
             assert terms["behind_exposed"] == pytest.approx(terms["exchange"]), name
+            assert terms["collectives"] == 2, name
+            assert terms["queued_behind"] == pytest.approx(terms["exchange"] + 2 * 0.5), name
+            assert terms["queued_ahead"] == pytest.approx(2 * 0.5 * terms["exchange"] / 1e3), \
+                name
         assert logged["comm/step_exchange_s"] + logged["comm/step_compute_s"] \
             == pytest.approx(logged["comm/step_s"]), name
         assert logged["comm/step_exchange_s"] <= logged["comm/exchange_s"], name
