@@ -1,10 +1,11 @@
 """Launch a function on several gloo processes (for tests, examples and notebooks).
 
 :func:`run_distributed` spawns ``world_size`` processes, initializes a gloo
-process group in each, runs ``fn(rank, world_size, *args)`` and returns the
+process group in each (their rendezvous store served by the caller, on a port that stays
+bound for the run), runs ``fn(rank, world_size, *args)`` and returns the
 per-rank results in rank order.  An exception in any rank is re-raised in the
-caller with that rank's traceback; the other ranks are terminated, never left
-waiting.
+caller with that rank's traceback (and those of the ranks that fail within two seconds of
+it); the other ranks are terminated, never left waiting.
 
 :func:`run_outcomes` instead waits for *every* rank to finish, fail or die (up to a
 deadline) and returns what happened to each, with the time it happened: fault-injection
@@ -81,6 +82,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rendezvous(timeout_s: float) -> "dist.TCPStore":
+    r"""The ranks' rendezvous store, served by the caller for the whole run on a port the
+    kernel picks and that stays bound: no other run can take it between a probe and the
+    bind (two parallel tests that drew the same port from :func:`free_port` met in one
+    store, and gloo's connections between their ranks failed)."""
+    return dist.TCPStore("127.0.0.1", 0, None, is_master=True,
+                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
 def _worker(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable,
             args: tuple, queue, environ: Optional[dict] = None) -> None:
     if environ is not None:  # a fork server's child: the caller's environment, not the server's
@@ -91,8 +101,10 @@ def _worker(rank: int, world_size: int, port: int, timeout_s: float, fn: Callabl
     import torch
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
         result = fn(rank, world_size, *args)
         # Pickled here, by value: torch.multiprocessing's queue would share a tensor's memory
         # through a handle only this process serves, which fails once it has exited.
@@ -130,8 +142,8 @@ def run_distributed(fn: Callable, world_size: int, *args: Any,
     """
     ctx = _context(start_method)
     queue = ctx.Queue()
-    port = free_port()
-    procs = _processes(ctx, world_size, port, timeout_s, fn, args, queue)
+    store = _rendezvous(timeout_s)
+    procs = _processes(ctx, world_size, store.port, timeout_s, fn, args, queue)
     for p in procs:
         p.start()
     results, errors = {}, []
@@ -154,11 +166,22 @@ def run_distributed(fn: Callable, world_size: int, *args: Any,
                 results[rank] = pickle.loads(payload)
             else:
                 errors.append(f"rank {rank} failed:\n{payload}")
+        # The other ranks' failures too, those reported within a moment (a rank's error
+        # often follows from another's: both sides say what broke).
+        grace = time.monotonic() + 2.0
+        while errors and len(results) + len(errors) < world_size and time.monotonic() < grace:
+            try:
+                rank, ok, payload = queue.get(timeout=0.2)
+            except queue_module.Empty:
+                continue
+            if not ok:
+                errors.append(f"rank {rank} failed:\n{payload}")
     finally:
         for p in procs:
             p.join(timeout=5 if not errors else 0.1)
             if p.is_alive():
                 p.terminate()
+        del store  # after the ranks: they may still talk to it until they exit
     if errors:
         raise RuntimeError("\n".join(errors))
     return [results[r] for r in range(world_size)]
@@ -186,8 +209,8 @@ def run_outcomes(fn: Callable, world_size: int, *args: Any, timeout_s: float = 1
     """
     ctx = _context(start_method)
     queue = ctx.Queue()
-    port = free_port()
-    procs = _processes(ctx, world_size, port, timeout_s, fn, args, queue)
+    store = _rendezvous(timeout_s)
+    procs = _processes(ctx, world_size, store.port, timeout_s, fn, args, queue)
     start = time.monotonic()
     for p in procs:
         p.start()
@@ -218,6 +241,7 @@ def run_outcomes(fn: Callable, world_size: int, *args: Any, timeout_s: float = 1
                                           seconds=time.monotonic() - start)
             elif outcomes[r].exitcode is None:
                 outcomes[r].exitcode = p.exitcode
+        del store
     return [outcomes[r] for r in range(world_size)]
 
 
