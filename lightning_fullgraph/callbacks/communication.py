@@ -303,7 +303,10 @@ class CommunicationMonitor(Callback):
         extra = call_seconds if call_seconds is not None else torch.zeros(0, dtype=torch.float64)
         # The windows of the training steps only: evaluation overlaps exchanges that training
         # may run synchronously (the halo cache).
-        step_seconds = self.predictor.step_seconds(self.predictor.training_windows()) \
+        steps = self.predictor.in_epoch["train"] if self.predictor is not None else 0
+        step_seconds = self.predictor.step_seconds(
+            self.predictor.training_windows(),
+            step=self._step_seconds / steps if steps else None) \
             if call_seconds is not None else None
         if step_seconds is not None:
             extra = torch.cat([extra, step_seconds])

@@ -13,7 +13,11 @@ the same cores (the transport's threads, the kernel's network stack, copies), an
 computes more slowly while its transfers are in flight -- by the link's
 :attr:`~.link.LinkModel.contention` :math:`\kappa`, measured at calibration.  The reference's
 compute is therefore first taken back to what it would be with nothing in flight, then slowed
-again by what the configuration keeps in flight beside it.
+again by what the configuration keeps in flight beside it.  A transfer left in flight past the
+step (the asynchronous pipeline's) also delays the step's own collectives, which queue behind
+its bytes: that wait is part of the configuration's exposed seconds
+(:meth:`~.tracker.PredictionTracker.step_seconds`, at the link's
+:attr:`~.link.LinkModel.queue_wait`).
 """
 from typing import Optional
 

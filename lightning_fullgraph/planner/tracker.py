@@ -267,8 +267,8 @@ class PredictionTracker:
                    for call, times in sorted(calls.items(), key=lambda kv: _order(kv[0]))]
         return out, torch.tensor(seconds, dtype=torch.float64)
 
-    def step_seconds(self, stats: Any = None,
-                     collectives: Optional[float] = None) -> Optional[Tensor]:
+    def step_seconds(self, stats: Any = None, collectives: Optional[float] = None,
+                     step: Optional[float] = None) -> Optional[Tensor]:
         r"""This rank's predicted seconds of one steady training step (with a link model).
 
         Per exchange call :math:`c` of the step: its exchange seconds :math:`t_x(c)` (latency
@@ -303,14 +303,16 @@ class PredictionTracker:
         the gradient reduction's, the signal agreement) queue behind their bytes on the link,
         each for the link's :attr:`~.link.LinkModel.queue_wait` :math:`q` when the link is
         busy with them: the step is exposed to
-        :math:`n\, q \min(1, \sum_{c\ bg} t_x(c) / \bar w)` more (the share of the window the
-        link is busy), split over the background calls the same way.
+        :math:`n\, q \min(1, \sum_{c\ bg} t_x(c) / s)` more, split over the background calls
+        the same way, with :math:`s` the measured training step (the transfers a step starts
+        keep the link busy through its end if they outlast it; without it, :math:`\bar w`).
 
         Args:
             stats (CommStats, optional): The engine's counters so far (the windows); without
                 them nothing counts as hidden.
             collectives (float, optional): :math:`n`, per training step (default:
                 :meth:`step_collectives`).
+            step (float, optional): :math:`s`, seconds of one training step as measured.
 
         Returns:
             torch.Tensor or None: float64 ``[4 * calls]``, ``(exchange, codec, exposed,
@@ -342,7 +344,8 @@ class PredictionTracker:
             window = sum(windows) / len(windows)
             backlog = max(0.0, total - window)
             n = self.step_collectives() if collectives is None else float(collectives)
-            busy = min(1.0, total / window) if window > 0 else 1.0
+            scale = window if step is None else float(step)
+            busy = min(1.0, total / scale) if scale > 0 else 1.0
             exposed = backlog + n * self.link.queue_wait * busy
             for i in background:
                 rows[i][2] = rows[i][0] * exposed / total if total else 0.0

@@ -112,11 +112,12 @@ def _monitor(part, kind, mode, num_features, profile, link, save_link=None, over
     # The step's collectives outside the exchange (engine.backward's presence agreement and
     # its one gradient bucket) queue behind them, each for the link's queue wait, as far as
     # the link is busy with them: all of the time a step waits for them at once, a tiny
-    # share of a window of 1,000 s.
+    # share of a window of 1,000 s, all of a step they outlast.
     queued = replace(tracker.link, queue_wait=0.5)
     terms.update(collectives=tracker.step_collectives(),
                  queued_ahead=_exposed(tracker, queued, ahead),
-                 queued_behind=_exposed(tracker, queued, behind))
+                 queued_behind=_exposed(tracker, queued, behind),
+                 queued_short_step=_exposed(tracker, queued, ahead, step=1e-9))
     ahead = tracker.step_seconds(ahead, collectives=0).view(-1, 4)
     behind = tracker.step_seconds(behind, collectives=0).view(-1, 4)
     terms.update(ahead_exposed=ahead[:, 2].sum().item(), ahead_link=ahead[:, 3].sum().item(),
@@ -130,11 +131,11 @@ def _monitor(part, kind, mode, num_features, profile, link, save_link=None, over
     return dict(epochs=epochs, fitted=fitted, terms=terms, own_compute=own)
 
 
-def _exposed(tracker, link, stats):
+def _exposed(tracker, link, stats, **kwargs):
     r"""The predicted exposed seconds of one step on :obj:`link` instead of the tracker's."""
     own, tracker.link = tracker.link, link
     try:
-        return tracker.step_seconds(stats).view(-1, 4)[:, 2].sum().item()
+        return tracker.step_seconds(stats, **kwargs).view(-1, 4)[:, 2].sum().item()
     finally:
         tracker.link = own
 
@@ -241,6 +242,7 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
             assert terms["queued_behind"] == pytest.approx(terms["exchange"] + 2 * 0.5), name
             assert terms["queued_ahead"] == pytest.approx(2 * 0.5 * terms["exchange"] / 1e3), \
                 name
+            assert terms["queued_short_step"] == pytest.approx(2 * 0.5), name
         assert logged["comm/step_exchange_s"] + logged["comm/step_compute_s"] \
             == pytest.approx(logged["comm/step_s"]), name
         assert logged["comm/step_exchange_s"] <= logged["comm/exchange_s"], name
