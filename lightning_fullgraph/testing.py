@@ -85,8 +85,9 @@ def free_port() -> int:
 def _rendezvous(timeout_s: float) -> "dist.TCPStore":
     r"""The ranks' rendezvous store, served by the caller for the whole run on a port the
     kernel picks and that stays bound: no other run can take it between a probe and the
-    bind (two parallel tests that drew the same port from :func:`free_port` met in one
-    store, and gloo's connections between their ranks failed)."""
+    bind (two parallel tests that drew the same port from :func:`free_port`, which closes
+    the port it probed, could meet in one store: the suspected cause of a gloo
+    ``connectFullMesh`` failure seen once in CI)."""
     return dist.TCPStore("127.0.0.1", 0, None, is_master=True,
                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 

@@ -45,7 +45,7 @@ def _port(rank, world_size):
 @pytest.mark.parametrize("run", [run_distributed, run_outcomes])
 def test_the_rendezvous_port_is_bound_by_the_caller_for_the_run(run, monkeypatch):
     # A port probed free and closed again can be handed to another run before the ranks bind
-    # it (parallel tests met in one store that way): the caller binds one and holds it.
+    # it (parallel tests could meet in one store that way): the caller binds one and holds it.
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()
