@@ -260,6 +260,9 @@ class EmulatedCluster:
             if proc.poll() is None:
                 _kill_tree(proc)
         self._procs = []
+        # What those started in sessions of their own (torchrun's workers) is still inside a
+        # node's namespace and cgroup: a rank left running there would hold its cores.
+        _kill_inside([self.namespace(n) for n in range(self.nodes)], list(self._cgroups))
         while self._created:
             undo = self._created.pop()
             if undo[0] == "rmdir":
@@ -358,6 +361,26 @@ def _remove_cgroup(path: str) -> None:
             return
         except OSError:
             time.sleep(0.1)
+
+
+def _kill_inside(namespaces: Sequence[str], cgroups: Sequence[str]) -> None:
+    r"""Kills every process left in :obj:`namespaces` and :obj:`cgroups`."""
+    pids = set()
+    for namespace in namespaces:
+        out = _run(["ip", "netns", "pids", namespace], check=False)
+        pids.update(int(p) for p in out.stdout.split() if p.isdigit())
+    for cgroup in cgroups:
+        try:
+            with open(os.path.join(cgroup, "cgroup.procs")) as f:
+                pids.update(int(p) for p in f.read().split() if p.isdigit())
+        except OSError:
+            pass
+    pids.discard(os.getpid())
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -108,6 +109,37 @@ def test_the_shaping_is_visible_and_nothing_is_left_behind(tmp_path):
     assert shaped > 5 * unshaped, (shaped, unshaped)
     after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert after == before
+
+
+# A process that starts a child in a session of its own (as torchrun starts its workers) and
+# prints the child's pid.
+DETACHED = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(120)'], start_new_session=True); print(p.pid, flush=True); "
+            "time.sleep(120)")
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" in f.read()  # a zombie has ended
+    except FileNotFoundError:
+        return True
+
+
+@needs_cluster
+@pytest.mark.parametrize("cpus", [None, 0.5])
+def test_down_ends_what_the_nodes_started_in_sessions_of_their_own(cpus):
+    import subprocess
+    with EmulatedCluster(2, None, cpus=cpus) as cluster:
+        proc = cluster.popen(0, [sys.executable, "-c", DETACHED], stdout=subprocess.PIPE,
+                             text=True)
+        pid = int(proc.stdout.readline())
+        assert not _gone(pid)
+    for _ in range(50):  # the kernel ends it a moment after the signal
+        if _gone(pid):
+            break
+        time.sleep(0.1)
+    assert _gone(pid)
 
 
 # Two ranks measure the planner's queue wait: a small all-reduce beside a bulk transfer of
