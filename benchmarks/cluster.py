@@ -235,16 +235,20 @@ def derive(rows: List[Dict[str, Any]], reference: str = "post") -> None:
         compute = base.get("step_compute_min_s")
         compute = base.get("step_compute_s") if compute is None else compute
         if compute is not None and row.get("predicted_exchange_s") is not None:
-            exposed = row.get("predicted_exposed_s")
             ref_exchange, ref_exposed = base.get("predicted_exchange_s"), \
                 base.get("predicted_exposed_s")
-            row["predicted_step_s"] = predicted_step_seconds(
-                compute, row["predicted_exchange_s"], exposed,
-                # The link's busy time the step waits for (older results: every exchange).
-                row.get("predicted_link_s"), row.get("predicted_codec_s") or 0.0,
-                contention=row.get("link_contention") or 0.0,
-                reference_hidden=(ref_exchange - ref_exposed) if ref_exposed is not None
-                and ref_exchange is not None else 0.0)
+            hidden = (ref_exchange - ref_exposed) if ref_exposed is not None \
+                and ref_exchange is not None else 0.0
+            # The median over the epochs the measured step is the median of (older results:
+            # the last epoch's terms; its link term, the step's busy link: every exchange).
+            terms = steady_step_terms(row) or [(
+                row["predicted_exchange_s"], row.get("predicted_exposed_s"),
+                row.get("predicted_link_s"), row.get("predicted_codec_s"))]
+            row["predicted_step_s"] = statistics.median(
+                predicted_step_seconds(compute, exchange, exposed, link, codec or 0.0,
+                                       contention=row.get("link_contention") or 0.0,
+                                       reference_hidden=hidden)
+                for exchange, exposed, link, codec in terms)
             row["predicted_vs_measured"] = row["predicted_step_s"] / row["step_s"] \
                 if row["step_s"] else None
         best = max(acc for _, _, acc in base["val_trace"]) if base["val_trace"] else None
@@ -308,6 +312,20 @@ def median_repeats(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         chosen["step_s_repeats"] = [r["step_s"] for r in group]
         out.append(chosen)
     return out
+
+
+def steady_step_terms(row: Dict[str, Any]) -> List[tuple]:
+    r"""The planner's step terms ``(exchange, exposed, link, codec)`` of each steady epoch of
+    :obj:`row` (from ``steady_from_epoch``) that logged them; empty for results without
+    them per epoch (before the monitor kept them: the last epoch's, which for a bounded
+    asynchronous pipeline is its synchronous one)."""
+    per_epoch = row.get("per_epoch") or {}
+    columns = [per_epoch.get(f"predicted_step_{name}_s")
+               for name in ("exchange", "exposed", "link", "codec")]
+    if any(column is None for column in columns):
+        return []
+    start = int(row.get("steady_from_epoch") or 0)
+    return [terms for terms in list(zip(*columns))[start:] if terms[0] is not None]
 
 
 def _median_from(values: List[float], start: int) -> Optional[float]:

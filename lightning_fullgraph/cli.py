@@ -851,7 +851,9 @@ def _per_epoch(callbacks) -> Optional[Dict[str, list]]:
         return None
     history = callbacks[0].history
     return {name: [h.get(f"comm/{name}") for h in history]
-            for name in ("step_s", "exchange_s", "sent_MB")}
+            for name in ("step_s", "exchange_s", "sent_MB", "predicted_step_exchange_s",
+                         "predicted_step_codec_s", "predicted_step_exposed_s",
+                         "predicted_step_link_s")}
 
 
 def _print_summary(s: dict) -> None:

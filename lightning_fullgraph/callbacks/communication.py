@@ -17,6 +17,11 @@ __all__ = ["CommunicationMonitor"]
 warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('comm/")
 
 
+#: The planner's terms of one training step, kept per epoch in :attr:`CommunicationMonitor.history`.
+_STEP_TERMS = ("comm/predicted_step_exchange_s", "comm/predicted_step_codec_s",
+               "comm/predicted_step_exposed_s", "comm/predicted_step_link_s")
+
+
 class CommunicationMonitor(Callback):
     r"""Logs halo-exchange bytes and time of every training epoch.
 
@@ -50,7 +55,8 @@ class CommunicationMonitor(Callback):
     Callbacks passed to the Trainer come before its progress bar; the strategies of this
     library also move every callback of this library there (including the monitor they add).
     The last epoch's figures stay in :attr:`last` and, per rank, in
-    :attr:`history` (one dictionary per epoch); :meth:`run_mean` averages the reduced figures
+    :attr:`history` (one dictionary per epoch, with the reduced least compute and the
+    planner's step terms, the same on every rank); :meth:`run_mean` averages the reduced figures
     over every epoch of the run (the bytes of a run whose width or cache changes per epoch).
 
     Strategies without a halo exchange log ``comm/sent_MB`` and ``comm/step_s`` too:
@@ -372,6 +378,11 @@ class CommunicationMonitor(Callback):
         mine = {n: v for n, v in local.items() if n != "comm/_neg_step_compute_s"}
         # The least over ranks (the same on every rank) next to this rank's own figures.
         mine["comm/step_compute_s_min"] = metrics["comm/step_compute_s_min"]
+        # So are the planner's step terms, epoch by epoch (a run's steady epochs, not only
+        # its last: the pipeline's last epoch of a bounded run is a synchronous one).
+        for name in _STEP_TERMS:
+            if name in metrics:
+                mine[name] = metrics[name]
         self.history.append(mine)
         self._reduced.append(dict(metrics))
         for name, value in metrics.items():

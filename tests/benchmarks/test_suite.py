@@ -210,6 +210,30 @@ def test_cluster_planner_step_hides_what_runs_in_flight():
     assert [r["predicted_step_s"] for r in rows] == pytest.approx([6.5, 2.5, 5.0, 4.5, 7.5])
 
 
+def test_cluster_planner_step_is_the_median_over_the_steady_epochs():
+    # The run's step terms per epoch: the predicted step is the median over the epochs its
+    # measured step is the median of, not the last epoch's (a bounded pipeline's last epoch
+    # is synchronous: here its exposed 8 s would predict 10 s).
+    from benchmarks.cluster import derive, steady_step_terms
+
+    def row(config, step, **kw):
+        return dict(model="sage", rate="1gbit", nodes=4, seed=0, config=config, step_s=step,
+                    val_trace=[], **kw)
+    epochs = dict(predicted_step_exchange_s=[None, 9.0, 5.0, 5.0, 5.0, 5.0],
+                  predicted_step_exposed_s=[None, 9.0, 0.5, 1.0, 0.0, 8.0],
+                  predicted_step_link_s=[None, 9.0, 0.0, 0.0, 0.0, 0.0],
+                  predicted_step_codec_s=[None, 0.0, 0.0, 0.0, 0.0, 0.0])
+    rows = [row("post", 7.0, step_compute_s=2.0, predicted_exchange_s=5.0,
+                predicted_exposed_s=5.0),
+            row("pipeline", 3.0, predicted_exchange_s=5.0, predicted_exposed_s=8.0,
+                predicted_link_s=0.0, steady_from_epoch=2, per_epoch=epochs)]
+    assert steady_step_terms(rows[1]) == [(5.0, 0.5, 0.0, 0.0), (5.0, 1.0, 0.0, 0.0),
+                                          (5.0, 0.0, 0.0, 0.0), (5.0, 8.0, 0.0, 0.0)]
+    assert steady_step_terms(rows[0]) == []  # no per-epoch terms: the last epoch's
+    derive(rows, "post")
+    assert [r["predicted_step_s"] for r in rows] == [7.0, 2.75]  # median of 2.5, 3, 2, 10
+
+
 def test_cluster_repeats_keep_the_median_step():
     from benchmarks.cluster import median_repeats
 
