@@ -177,9 +177,9 @@ def _queue_wait(rate, tmp_path):
 def test_a_collective_queues_behind_a_transfer_on_a_shaped_link(tmp_path):
     # The link's queue holds what the transfer sent ahead: on a shaped link every message of
     # the all-reduce waits behind it; on an unshaped one the transfer does not queue.
-    shaped = _queue_wait("100mbit", tmp_path)
+    shaped = _queue_wait("10mbit", tmp_path)  # 0.17 and 0.45 s in two runs here
     unshaped = _queue_wait(None, tmp_path)
-    assert shaped > 0.02, shaped
+    assert shaped > 0.05, shaped
     assert shaped > 5 * unshaped, (shaped, unshaped)
 
 
