@@ -93,6 +93,9 @@ def _train_side_by_side(rank: int, world_size: int, mode: str) -> dict:
     err["params"] = {n: _rel(p.detach(), q.detach()) for (n, p), q in
                      zip(model.named_parameters(), ref.parameters())}
     err["codec_step"] = engine.exchange.step  # stochastic codecs draw anew per backward
+    # Each reduction's collectives outside the exchange, counted for the planner (the presence
+    # mask and one bucket): a plain backward's as engine.backward's.
+    err["collectives"] = engine.stats.collectives
     engine.detach()
     return err
 
@@ -116,6 +119,7 @@ def test_plain_backward_equals_single_process():
                 assert value < FP32, (where, f"parameters after {STEPS} Adam steps", name,
                                       value)
             assert err["codec_step"] == STEPS * (2 if mode == "accumulate" else 1), where
+            assert err["collectives"] == 2 * STEPS * (2 if mode == "accumulate" else 1), where
 
 
 def _left_alone(rank: int, world_size: int) -> dict:
