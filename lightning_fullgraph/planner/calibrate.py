@@ -310,8 +310,8 @@ def calibrate_contention(group: Optional[Any] = None, *, beta: float, repeats: i
 
 
 def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: int = 3,
-                         fill_s: float = 0.2, timed: int = 3,
-                         max_bytes: int = 1 << 26) -> float:
+                         fill_s: float = 0.2, timed: int = 3, max_bytes: int = 1 << 26,
+                         timeout: Optional[Any] = None) -> float:
     r"""The seconds a small synchronous collective waits longer while a transfer of the
     rank's own, on another process group, keeps its link busy:
     :attr:`~.link.LinkModel.queue_wait`.
@@ -323,13 +323,12 @@ def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: i
     0.430 s beside such a transfer (``python -m benchmarks busy_link``).  Timed here as it
     happens: an all-reduce of 256 values on :obj:`group` alone, and again :obj:`fill_s`
     seconds after an asynchronous ``all_to_all_single`` on a second group (created here over
-    the same ranks and destroyed after) started with enough bytes at :obj:`beta` to outlast
-    it, :obj:`timed` of them each time, :obj:`repeats` times; the queue wait is the median
-    excess per all-reduce, mean over ranks (all-reduced: the same on every rank).  CPU
-    tensors only (gloo); ``0.0`` for one rank, and for a group that is not the whole world
-    (creating the second group would need every process of the world).
+    the same ranks, as the pipeline creates its own, and destroyed after) started with enough
+    bytes at :obj:`beta` to outlast it, :obj:`timed` of them each time, :obj:`repeats` times;
+    the queue wait is the median excess per all-reduce, mean over ranks (all-reduced: the
+    same on every rank).  CPU tensors only (gloo); ``0.0`` for one rank.
 
-    Every rank of the world must call it at the same point.
+    Every rank of the group must call it at the same point.
 
     Args:
         group (ProcessGroup, optional): The group (default: the world).
@@ -339,14 +338,17 @@ def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: i
             fill the link's queue first).
         timed (int): All-reduces timed per repetition.
         max_bytes (int): Most bytes one rank sends in the transfer.
+        timeout (float or timedelta, optional): The collective timeout of the second group
+            (default: torch's); give the group's own.
 
     Returns:
         float: Seconds per collective, at least ``0``.
     """
     world, rank, _ = _group_info(group)
-    if world < 2 or world != dist.get_world_size():
+    if world < 2:
         return 0.0
-    side = dist.new_group(backend="gloo")
+    from ..engine.transport import _sibling_group
+    side = _sibling_group(group, timeout)
     try:
         small = torch.zeros(256)
 
@@ -377,6 +379,7 @@ def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: i
     dist.all_reduce(wait, op=dist.ReduceOp.SUM, group=group)
     return float(wait.item()) / world
 
+
 def _fit(sizes: Sequence[int], seconds: Sequence[float], world: int):
     r"""``(alpha, beta)`` from the sweep: zero-size intercept, slope through it."""
     pairs = list(zip(sizes, seconds))
@@ -394,7 +397,7 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
               repeats: int = 60, warmup: int = 2, skew_s: float = 2e-3,
               device: Optional[torch.device] = None,
               codec: Any = None, codec_rows: int = 4096, codec_width: int = 128,
-              contention: bool = False) -> LinkModel:
+              contention: bool = False, timeout: Optional[Any] = None) -> LinkModel:
     r"""Measures latency, bandwidth and codec throughput on :obj:`group` (and, asked for, what
     transfers in flight cost: the contention of compute with them, and the queue wait of a
     collective behind them).
@@ -424,8 +427,10 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
         contention (bool): Also measure :attr:`~.link.LinkModel.contention`
             (:func:`calibrate_contention`: ten compute blocks of 0.2 s and the transfers
             beside five of them) and :attr:`~.link.LinkModel.queue_wait`
-            (:func:`calibrate_queue_wait`: three transfers of about 1.2 s; a group that is
-            the whole world only); CPU tensors only, else left at 0.
+            (:func:`calibrate_queue_wait`: three transfers of about 1.2 s); CPU tensors only,
+            else left at 0.
+        timeout (float or timedelta, optional): The group's collective timeout, for the
+            second group the queue wait is measured beside (default: torch's).
 
     Returns:
         LinkModel
@@ -463,7 +468,7 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
     alpha, beta = _fit(sent, means, world)
     measure = contention and world > 1 and device.type == "cpu"
     share = calibrate_contention(group, beta=beta) if measure else 0.0
-    queue = calibrate_queue_wait(group, beta=beta) if measure else 0.0
+    queue = calibrate_queue_wait(group, beta=beta, timeout=timeout) if measure else 0.0
     return LinkModel(alpha=alpha, beta=beta, codec_throughput=throughput,
                      codec_row_seconds=row_s,
                      world_size=world, backend=backend, device=str(device),

@@ -161,7 +161,7 @@ class PredictionTracker:
                          [r for r in range(world) if r != rank],
                          getattr(engine, "timeout", None)):
                 link = calibrate(group, codec=codec, codec_rows=16384, codec_width=256,
-                                 contention=True)
+                                 contention=True, timeout=getattr(engine, "timeout", None))
             router = getattr(engine, "router", None)
             if router is not None and not isinstance(router.link, LinkModel):
                 router.link = link  # aggregation="auto" decides on it: no second calibration

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_fullgraph.planner import (calibrate, calibrate_codec, calibrate_codec_costs,
-                                         calibrate_contention)
+                                         calibrate_contention, calibrate_queue_wait)
 from lightning_fullgraph.planner.calibrate import _fastest_rank_means, _fit
 from lightning_fullgraph.testing import run_distributed
 
@@ -87,7 +87,8 @@ def _contention(rank, world_size):
     torch.set_num_threads(1)
     asked = calibrate(sizes=(0, 1 << 16), repeats=2, warmup=0, codec_rows=64, contention=True)
     plain = calibrate(sizes=(0, 1 << 16), repeats=2, warmup=0, codec_rows=64)
-    return asked.contention, plain.contention, calibrate_contention(beta=1e8, block_s=0.02)
+    return (asked.contention, plain.contention, calibrate_contention(beta=1e8, block_s=0.02),
+            asked.queue_wait, plain.queue_wait)
 
 
 @pytest.mark.multiprocess
@@ -97,9 +98,28 @@ def test_contention_is_agreed_by_every_rank():
     # rank must predict the same step).
     results = run_distributed(_contention, 2)
     assert results[0] == results[1]
-    asked, plain, direct = results[0]
+    asked, plain, direct, queued, unasked = results[0]
     assert 0.0 <= asked < 1.0 and 0.0 <= direct < 1.0 and plain == 0.0
+    assert queued >= 0.0 and unasked == 0.0  # the queue wait too: only when asked
     assert calibrate_contention(beta=1e8) == 0.0  # one process: nothing in flight
+    assert calibrate_queue_wait(beta=1e8) == 0.0
+
+
+def _queue_wait_on_a_subgroup(rank, world_size):
+    import torch.distributed as dist
+    sub = dist.new_group(ranks=[0, 1])
+    wait = calibrate_queue_wait(sub, beta=1e8, fill_s=0.01, repeats=1, timeout=60) \
+        if rank < 2 else None
+    dist.barrier()  # the rank outside the subgroup waits here, creating nothing
+    return wait
+
+
+@pytest.mark.multiprocess
+def test_queue_wait_on_a_subgroup_needs_only_its_ranks():
+    # Its second group is made over the subgroup's ranks alone (as the pipeline's is): a
+    # rank outside never calls it, and nothing hangs.
+    results = run_distributed(_queue_wait_on_a_subgroup, 3, timeout_s=60)
+    assert results[0] == results[1] >= 0.0 and results[2] is None
 
 
 def test_barrier_protocol_still_available():
