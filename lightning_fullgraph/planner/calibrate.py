@@ -2,7 +2,8 @@ r"""Measuring the :class:`~.link.LinkModel` of a process group.
 
 :func:`calibrate` runs a short size sweep of ``all_to_all_single`` -- the one collective the
 halo exchange uses (:class:`~lightning_fullgraph.engine.Transport`) -- on the group that trains:
-for every size, timed repetitions (the sizes taking turns), each one entered the way the
+for every size, timed repetitions (the sizes taking turns; a bulk size, above 8 MiB, only in
+the last few), each one entered the way the
 engine enters its exchanges in training: after some compute, the ranks arriving at different
 times (every rank busy-waits a uniformly drawn ``[0, skew_s]`` seconds before it, from a
 generator seeded by its rank).  Every rank's times are all-gathered; a repetition counts the
@@ -23,7 +24,9 @@ predictions there.  ``skew_s=0`` restores the barrier (the hot path), for compar
 
 The latency is the mean time of an exchange of zero bytes divided by
 the number of peers; the bandwidth is the least-squares slope of the remaining sizes through
-that intercept.  The codec's cost is the median time of ``encode`` + ``decode`` of two blocks
+that intercept, which the largest size dominates: the default sweep ends with a bulk exchange
+of 32 MiB a rank, because a short exchange is carried faster than the long ones of a large
+graph's layers (a link's burst and queue; gloo carrying one direction of a pair at a time).  The codec's cost is the median time of ``encode`` + ``decode`` of two blocks
 of as many values, in wide rows and in narrow ones (:func:`calibrate_codec_costs`): a bytes
 term and a row term, because a codec that writes a header per row pays per row too (the
 identity codec by default, which is nearly free).
@@ -33,6 +36,7 @@ Without a process group (or with one rank) the exchange is what
 :func:`calibrate_local` measures a group of local gloo processes it spawns, for tools (the
 ``plan`` command) that run outside a training job.
 """
+import math
 import random
 import statistics
 import time
@@ -50,8 +54,15 @@ __all__ = ["calibrate", "calibrate_codec", "calibrate_codec_costs", "calibrate_c
 #: (the rows of a layer whose outputs are a handful of classes).
 NARROW_WIDTH = 8
 
-#: Bytes one rank sends per exchange in the sweep: latency-bound to bandwidth-bound.
-DEFAULT_SIZES = (0, 1 << 16, 1 << 20, 1 << 23)
+#: Bytes one rank sends per exchange in the sweep: latency-bound to bandwidth-bound.  The
+#: last is a bulk exchange: on four emulated machines with 1 Gbit/s links (``python -m
+#: benchmarks link_sizes``) an exchange of 1 MiB a rank got 95 % of the line rate and one of
+#: 64 MiB 73-81 %; a sweep ending at 8 MiB read 1.29-1.44x the 64 MiB exchange's bandwidth,
+#: this one 1.04-1.15x (and 1.05x the link fitted to a GraphSAGE run's exchanges).
+DEFAULT_SIZES = (0, 1 << 16, 1 << 20, 1 << 23, 1 << 25)
+
+#: Sizes above this many bytes are bulk: timed at most ``bulk_repeats`` times (:func:`calibrate`).
+BULK_BYTES = 1 << 23
 
 
 def _sync(device: torch.device) -> None:
@@ -112,18 +123,30 @@ def _time_once(send, recv, splits, world: int, group: Optional[Any],
 
 
 def _sweep(sizes: Sequence[int], world: int, rank: int, group: Optional[Any],
-           device: torch.device, repeats: int, warmup: int, skew_s: float) -> torch.Tensor:
+           device: torch.device, repeats: int, warmup: int, skew_s: float,
+           bulk_repeats: Optional[int] = None) -> torch.Tensor:
     r"""This rank's seconds, ``[repeats, len(sizes)]`` (float64, CPU).  The sizes take turns
     within every repetition, so that a passing disturbance (another job on the machine)
-    touches all of them alike instead of one size's samples."""
+    touches all of them alike instead of one size's samples.  Sizes above
+    :data:`BULK_BYTES` take part in the last ``min(repeats, bulk_repeats)`` repetitions only
+    (and in at most one warm-up); their other entries are NaN.  Every rank runs the same
+    exchanges: the counts depend on the arguments alone."""
     buffers = [_buffers(s, world, rank, device) for s in sizes]
+    bulk = repeats if bulk_repeats is None else max(1, min(repeats, int(bulk_repeats)))
+    first = warmup + repeats - bulk  # the bulk sizes' first timed turn
     draws = random.Random(rank)
-    times = torch.zeros(repeats, len(sizes), dtype=torch.float64)
+    times = torch.full((repeats, len(sizes)), math.nan, dtype=torch.float64)
     for i in range(warmup + repeats):
         for j, (send, recv, splits) in enumerate(buffers):
+            if sizes[j] > BULK_BYTES:
+                if i < first - min(warmup, 1):  # at most one warm-up, right before
+                    continue
+                timed = i >= first
+            else:
+                timed = i >= warmup
             before = draws.uniform(0.0, skew_s) if skew_s > 0 else 0.0
             t = _time_once(send, recv, splits, world, group, device, before)
-            if i >= warmup:
+            if timed:
                 times[i - warmup, j] = t
     return times
 
@@ -137,7 +160,7 @@ def _fastest_rank_means(times: torch.Tensor, world: int, backend: str,
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local, group=group)
         times = torch.stack([g.cpu() for g in gathered]).min(dim=0).values
-    return times.mean(dim=0).tolist()
+    return times.nanmean(dim=0).tolist()  # NaN: a bulk size's untimed turns, on every rank
 
 
 def calibrate_codec(codec: Any = None, *, rows: int = 4096, width: int = 128,
@@ -395,7 +418,7 @@ def _fit(sizes: Sequence[int], seconds: Sequence[float], world: int):
 
 def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = 60, warmup: int = 2, skew_s: float = 2e-3,
-              device: Optional[torch.device] = None,
+              bulk_repeats: int = 4, device: Optional[torch.device] = None,
               codec: Any = None, codec_rows: int = 4096, codec_width: int = 128,
               contention: bool = False, timeout: Optional[Any] = None) -> LinkModel:
     r"""Measures latency, bandwidth and codec throughput on :obj:`group` (and, asked for, what
@@ -418,6 +441,9 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
         skew_s (float): Each rank busy-waits a uniformly drawn ``[0, skew_s]`` seconds before
             every exchange, so that ranks arrive at different times as in training; ``0``
             puts a barrier there instead.
+        bulk_repeats (int): Timed repetitions of the sizes above :data:`BULK_BYTES` (8 MiB),
+            at most :obj:`repeats`, after at most one warm-up: long exchanges vary little,
+            and at 1 Gbit/s the default's 32 MiB takes about 0.3 s.
         device (torch.device, optional): Device of the buffers (default: the current CUDA
             device with NCCL, else CPU).
         codec (Codec, optional): Codec whose cost is measured (default: identity).
@@ -444,7 +470,10 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
     device = torch.device(device) if device is not None else _default_device(backend)
     if skew_s < 0:
         raise ValueError(f"skew_s must be >= 0, got {skew_s}")
-    times = _sweep(sizes, world, rank, group, device, repeats, warmup, float(skew_s))
+    if bulk_repeats < 1:
+        raise ValueError(f"bulk_repeats must be >= 1, got {bulk_repeats}")
+    times = _sweep(sizes, world, rank, group, device, repeats, warmup, float(skew_s),
+                   bulk_repeats)
     means = _fastest_rank_means(times, world, backend, group, device)
     # The codec's wide and narrow blocks (calibrate_codec_costs), each the slowest rank's:
     # every rank must hold the same numbers.

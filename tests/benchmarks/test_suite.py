@@ -24,7 +24,7 @@ def _run(*args, **kw):
 
 
 def test_every_topic_is_a_module_with_main():
-    assert len(TOPICS) == 22
+    assert len(TOPICS) == 23
     for topic in TOPICS:
         tree = ast.parse((BENCH / f"{topic}.py").read_text())
         assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), topic
@@ -335,3 +335,21 @@ def test_busy_link_help_and_table():
                compute_ratio=1.2)
     last = table([row]).splitlines()[-1].split()
     assert last[:2] == ["1gbit", "4"] and last[4] == "4.62" and last[-1] == "1.20"
+
+
+def test_link_sizes_help_and_table():
+    proc = _run("link_sizes", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m benchmarks link_sizes")
+    assert "--sizes" in proc.stdout and "--json-out" in proc.stdout
+    from benchmarks.link_sizes import table
+    mib = 1 << 20
+    row = dict(rate="1gbit", nodes=2, node_cores=1, line_rate=125e6, sizes=[mib, 64 * mib],
+               bandwidth=[121.8e6, 60.2e6], duplex_bandwidth=119.5e6, duplex_speedup=1.99,
+               short_beta=82.1e6, short_vs_largest=1.36, short_s=9.2, default_beta=61.6e6,
+               default_vs_largest=1.02, default_s=11.9)
+    lines = table([row]).splitlines()
+    assert lines[2].split() == ["1gbit", "2", "1", "1.00", "121.80", "0.97"]
+    assert lines[3].split()[-2:] == ["60.20", "0.48"]
+    assert "1.99x faster" in lines[4] and lines[4].split()[2:4] == ["119.50", "0.96"]
+    assert "1.36x" in lines[5] and "1.02x" in lines[6]

@@ -122,6 +122,51 @@ def test_queue_wait_on_a_subgroup_needs_only_its_ranks():
     assert results[0] == results[1] >= 0.0 and results[2] is None
 
 
+def test_a_bulk_size_is_timed_a_few_times_and_counts_its_mean(monkeypatch):
+    # Every exchange the sweep runs, by bytes sent: the sizes up to 8 MiB every repetition
+    # (warm-ups included), a bulk one only in the last bulk_repeats and one warm-up right
+    # before; each size's mean is over its own timed turns.
+    module = importlib.import_module("lightning_fullgraph.planner.calibrate")
+    calls = []
+
+    def timed(send, recv, splits, world, group, device, before):
+        calls.append(send.numel() * 4)
+        return 1e-3 * len(calls)  # the call's position: which turns were timed
+
+    monkeypatch.setattr(module, "_time_once", timed)
+    link = calibrate(sizes=(0, 1 << 20, 1 << 25), repeats=5, warmup=2, bulk_repeats=2,
+                     codec_rows=64)
+    assert [calls.count(s) for s in (0, 1 << 20, 1 << 25)] == [7, 7, 3]
+    # Seven turns: two warm-ups and five timed; the bulk size joins at the fifth (its
+    # warm-up) and is timed in the last two.
+    assert calls == [0, 1 << 20] * 4 + [0, 1 << 20, 1 << 25] * 3
+    means = [t for _, t in link.samples]
+    assert means[0] == pytest.approx(1e-3 * (5 + 7 + 9 + 12 + 15) / 5)
+    assert means[2] == pytest.approx(1e-3 * (14 + 17) / 2)
+    assert module.DEFAULT_SIZES[-1] > module.BULK_BYTES  # the default sweep ends with one
+    calls.clear()  # without warm-ups, the bulk size runs only its timed turns
+    calibrate(sizes=(0, 1 << 25), repeats=3, warmup=0, bulk_repeats=5, codec_rows=64)
+    assert calls == [0, 1 << 25] * 3
+    with pytest.raises(ValueError, match="bulk_repeats"):
+        calibrate(bulk_repeats=0)
+
+
+def _bulk_calibration(rank, world_size):
+    link = calibrate(sizes=(0, 1 << 16, (1 << 23) + (1 << 16)), repeats=3, warmup=1,
+                     bulk_repeats=1, codec_rows=64)
+    return link.samples, link.beta
+
+
+@pytest.mark.multiprocess
+def test_ranks_agree_on_a_sweep_with_a_bulk_size():
+    # The bulk size's untimed turns are NaN on every rank alike: the gathered minimum keeps
+    # them NaN, and its mean skips them.
+    results = run_distributed(_bulk_calibration, 2)
+    assert results[0] == results[1]
+    samples, beta = results[0]
+    assert all(math.isfinite(t) and t > 0 for _, t in samples) and beta > 0
+
+
 def test_barrier_protocol_still_available():
     link = calibrate(sizes=(0, 1 << 16), repeats=2, warmup=0, skew_s=0.0, codec_rows=64)
     assert link.alpha > 0 and link.beta > 0
