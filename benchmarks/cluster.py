@@ -123,7 +123,7 @@ QUICK = dict(models=["gcn"], configs=["post", "hybrid"], rates=["1gbit"], nodes=
 #: Options a configuration name may add after ``+`` (``"int2+aside"``, ``"post+nooverlap"``;
 #: overlap is on by default).
 SUFFIXES = {"overlap": ["--overlap"], "nooverlap": ["--no-overlap"], "aside": ["--step-aside"],
-            "4k": ["--huge-pages", "off"]}
+            "4k": ["--huge-pages", "off"], "duplex": ["--duplex"]}
 #: Options of every configuration before its suffixes: each stage timed as configured (``train``
 #: steps aside by default; ``+aside`` turns that back on), with large CPU tensors in huge
 #: pages (an opt-in of the library, which every earlier run of this benchmark had by default;

@@ -203,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="overlap the synchronous halo exchange with the aggregation of the "
                          "edges whose sources are local, forward and backward (sum and mean "
                          "layers on the kernels; exact to rounding; default on)")
+    gx.add_argument("--duplex", action=argparse.BooleanOptionalAction, default=False,
+                    help="on gloo, send each exchange's two directions at once on two process "
+                         "groups (gloo carries one direction of a connection at a time; exact; "
+                         "two collectives per exchange; default off)")
     gx.add_argument("--step-aside", action=argparse.BooleanOptionalAction, default=True,
                     help="after a few epochs, time the reductions on (pre/hybrid/auto aggregation, "
                          "codec, cache, pipeline, boundary sampling) against the epoch with "
@@ -299,7 +303,7 @@ def _train_option_scope(args) -> List[Tuple[str, str]]:
     scope = [
         (fullgraph, "--strategy fullgraph",
          ("aggregation", "codec", "cache", "pipeline", "overlap", "step_aside",
-          "sampling",
+          "sampling", "duplex",
           "kernels", "huge_pages", "link")),
         (fourd, "--strategy 4d", ("dp", "grid", "bf16_comm", "steps_per_epoch", "shards")),
         (fullgraph or (fourd and args.shards), "--strategy fullgraph or --strategy 4d --shards",
@@ -830,7 +834,7 @@ def _exchange_config(args):
                           cache=None if args.cache == "none" else args.cache,
                           pipeline=None if args.pipeline == "sync" else args.pipeline,
                           sampling=args.sampling, overlap=args.overlap,
-                          step_aside=args.step_aside, link=link)
+                          step_aside=args.step_aside, duplex=args.duplex, link=link)
 
 
 def _train_link(value: Optional[str]):

@@ -75,6 +75,13 @@ class ExchangeConfig:
             checkpointed).  Default on; nothing to try with exact post aggregation.  The
             decision depends on measured times: ``False`` keeps the configured policy
             throughout.
+        duplex (bool): On gloo, send every exchange's two directions at once, on two process
+            groups of the same ranks: gloo carries one direction of a pair's connection at a
+            time, and a bulk exchange between two machines got half their links' rate, both
+            directions at once 1.99x that (four machines: 1.27x; ``python -m benchmarks
+            link_sizes``).  Exact (the same bytes into the same places); two collectives per
+            exchange instead of one, and a second group's sockets.  Other backends ignore
+            it.  Default off.
         link (str or LinkModel, optional): The link :obj:`aggregation` ``"auto"`` predicts
             on: a :class:`~lightning_fullgraph.planner.LinkModel`, a JSON file written by
             ``lightning-fullgraph train --save-link`` or ``plan --save-link``, or
@@ -93,15 +100,17 @@ class ExchangeConfig:
     sampling: Union[None, float, BoundarySampling] = None
     overlap: bool = True
     step_aside: Union[bool, StepAside] = True
+    duplex: bool = False
     link: Union[None, str, Any] = None
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"ExchangeConfig(aggregation={self.aggregation!r}): choose one of "
                              f"{AGGREGATIONS}")
-        if not isinstance(self.overlap, bool):
-            raise TypeError(f"ExchangeConfig(overlap=...) takes a bool, got "
-                            f"{type(self.overlap).__name__}")
+        for name in ("overlap", "duplex"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"ExchangeConfig({name}=...) takes a bool, got "
+                                f"{type(getattr(self, name)).__name__}")
         # Checked, not converted: the fields keep what the user wrote (a config compares,
         # prints and saves as written); each engine makes its own stage objects from them.
         StepAside.of(self.step_aside)
@@ -164,6 +173,8 @@ class ExchangeConfig:
             parts.append("overlap")
         if self.step_aside:
             parts.append("step aside")
+        if self.duplex:
+            parts.append("duplex")
         return ", ".join(parts)
 
 

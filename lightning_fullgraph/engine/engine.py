@@ -114,7 +114,8 @@ class FullGraphEngine:
         # the agreements do not queue behind them (see transport.py).  Created here, where
         # every rank constructs its engine.
         self.transport = Transport(group, timeout=timeout, ranks_per_host=ranks_per_host,
-                                   background=self.policy.pipeline is not None)
+                                   background=self.policy.pipeline is not None,
+                                   duplex=config.duplex)
         self.exchanges = {mode: HaloExchange(partition.plan(mode), self.transport, self.policy,
                                              seed)
                           for mode in _modes(config.aggregation)}

@@ -1,4 +1,4 @@
-r"""Moving wire rows between ranks: one ``all_to_all_single`` on a process group.
+r"""Moving wire rows between ranks: one ``all_to_all_single`` on a process group (or two).
 
 :class:`Transport` knows nothing about graphs.  It takes a 2-D wire tensor (one row per
 message, any dtype) with row counts per peer, or a flat byte tensor with byte counts per peer
@@ -9,6 +9,13 @@ Device rules: tensors stay on their device when the backend can move them (NCCL:
 CPU).  gloo with CUDA tensors is staged through host memory; half-precision rows travel as
 their bytes (uint8) on gloo (it has no int16, and its bf16/fp16 support is unreliable), bit
 for bit.
+
+gloo carries one direction of a pair's connection at a time: in one ``all_to_all_single``
+two ranks' rows to each other take turns, and a bulk exchange between two machines gets half
+their links' rate (``python -m benchmarks link_sizes``).  With ``duplex=True`` the transport
+sends each exchange's two directions at once, on two groups of the same ranks: rows to this
+rank and higher ones on the group, to lower ones on a second group (the same bytes into the
+same places: exact; two collectives instead of one).
 
 Transfers that stay in flight beyond the collectives issued after them (the asynchronous
 pipeline's: started in one step, completed in the next) go on a second group of the same
@@ -85,11 +92,16 @@ class Transport:
             in flight across other collectives (``exchange(..., background=True)``; see the
             module docstring).  Creating it is collective: every rank of :obj:`group`
             constructs its transport at the same point. (default: :obj:`False`)
+        duplex (bool): On gloo with more than one rank, create a second group of the same
+            ranks and send every exchange's two directions at once, one on each (see the
+            module docstring; background transfers stay one collective on their group).
+            Collective like :obj:`background`; other backends ignore it.
+            (default: :obj:`False`)
     """
 
     def __init__(self, group: Optional[Any] = None, stats: Optional[CommStats] = None,
                  timeout: Optional[Any] = None, ranks_per_host: Optional[int] = None,
-                 background: bool = False) -> None:
+                 background: bool = False, duplex: bool = False) -> None:
         initialized = dist.is_available() and dist.is_initialized()
         self.group = group
         self.world_size = dist.get_world_size(group) if initialized else 1
@@ -105,18 +117,22 @@ class Transport:
         self._remote = [r // per != self.rank // per for r in range(self.world_size)]
         self.background_group = _sibling_group(group, timeout) \
             if background and self.world_size > 1 else None
+        self.duplex_group = _sibling_group(group, timeout) \
+            if duplex and self.world_size > 1 and self.backend == "gloo" else None
 
     def close(self) -> None:
         r"""Releases the background group (its sockets and threads), once nothing is in
         flight on it; the transport then runs every transfer on :attr:`group`.  Every rank
         calls it at the same point (gloo destroys a group locally, but some NCCL versions
         abort a communicator collectively)."""
-        group, self.background_group = self.background_group, None
-        if group is not None and dist.is_available() and dist.is_initialized():
-            try:
-                dist.destroy_process_group(group)
-            except ValueError:  # already gone with the world (destroy_process_group())
-                pass
+        groups = (self.background_group, self.duplex_group)
+        self.background_group = self.duplex_group = None
+        for group in groups:
+            if group is not None and dist.is_available() and dist.is_initialized():
+                try:
+                    dist.destroy_process_group(group)
+                except ValueError:  # already gone with the world (destroy_process_group())
+                    pass
 
     # -- the one collective ---------------------------------------------------------------
     def exchange(self, send: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
@@ -183,9 +199,15 @@ class Transport:
                     send_counts, recv_counts), self.timeout):
                 group = self.background_group if background \
                     and self.background_group is not None else self.group
-                work = dist.all_to_all_single(recv, wire, output_split_sizes=recv_counts,
-                                              input_split_sizes=send_counts, group=group,
-                                              async_op=async_op)
+                if self.duplex_group is not None and not background:
+                    work = _both_directions(recv, wire, send_counts, recv_counts, self.rank,
+                                            group, self.duplex_group)
+                    if not async_op:
+                        work = work.wait()  # within the guard: a timeout names the peers
+                else:
+                    work = dist.all_to_all_single(recv, wire, output_split_sizes=recv_counts,
+                                                  input_split_sizes=send_counts, group=group,
+                                                  async_op=async_op)
         elif n_recv:
             recv.copy_(wire)  # one process: what it sends is what it receives
 
@@ -240,6 +262,41 @@ class Transport:
     def _peers(self, send_counts: List[int], recv_counts: List[int]) -> List[int]:
         return [r for r in range(self.world_size)
                 if r != self.rank and (send_counts[r] > 0 or recv_counts[r] > 0)]
+
+
+class _BothWork:
+    r"""The two halves of a duplex exchange, waited for as one."""
+
+    def __init__(self, *works: Any) -> None:
+        self.works = works
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+def _both_directions(recv: Tensor, wire: Tensor, send_counts: List[int],
+                     recv_counts: List[int], rank: int, group: Any, other: Any) -> _BothWork:
+    r"""One exchange as two asynchronous ``all_to_all_single``: the rows to this rank and the
+    higher ones on :obj:`group`, to the lower ones on :obj:`other`.  Rows are ordered by
+    peer rank on both sides, so each half is a contiguous slice of the send and the receive
+    buffers: to (from) the lower ranks first, then this rank's own, then the higher ranks'.
+    Every pair's rows one way travel on one group, the other way on the other."""
+    none = [0] * len(send_counts)
+    low_send = sum(send_counts[:rank])
+    low_recv = sum(recv_counts[:rank]) + recv_counts[rank]  # from lower ranks and itself
+    up = dist.all_to_all_single(recv[:low_recv], wire[low_send:],
+                                output_split_sizes=recv_counts[:rank + 1] + none[rank + 1:],
+                                input_split_sizes=none[:rank] + send_counts[rank:],
+                                group=group, async_op=True)
+    down = dist.all_to_all_single(recv[low_recv:], wire[:low_send],
+                                  output_split_sizes=none[:rank + 1] + recv_counts[rank + 1:],
+                                  input_split_sizes=send_counts[:rank] + none[rank:],
+                                  group=other, async_op=True)
+    return _BothWork(up, down)
 
 
 def _sibling_group(group: Optional[Any], timeout: Optional[Any]) -> Any:

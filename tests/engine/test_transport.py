@@ -170,6 +170,9 @@ def _p3(rank, group):
     # takes no part in creating it.  A synchronous exchange on the main group runs while the
     # background transfer is in flight, and both deliver.
     bg = Transport(group, timeout=timedelta(seconds=60), background=True)
+    # (Made before bg.close(): a group made after another of the same ranks was destroyed
+    # reuses its name, and its rendezvous would read the old group's keys in the store.)
+    dx = Transport(group, timeout=timedelta(seconds=60), background=True, duplex=True)
     pending = bg.exchange(send, send_counts, recv_counts, key="bg", direction="forward",
                           async_op=True, background=True)
     now = bg.exchange(send, send_counts, recv_counts, key="rows", direction="forward")
@@ -195,6 +198,46 @@ def _p3(rank, group):
     bg.close()  # a second close does nothing
     out["background"].update(closed=gone and bg.background_group is None,
                              after_close=torch.equal(after, got))
+
+    # Duplex: each exchange's two directions at once on two groups of the subgroup's ranks
+    # (rank 3 of the world takes no part), the same bytes into the same places as one
+    # all-to-all, in every form above; a background transfer stays on its own group.
+    pend = [dx.exchange(send * (k + 1), send_counts, recv_counts, key="dx", direction="forward",
+                        async_op=True) for k in range(3)]
+    bg_pending = dx.exchange(send, send_counts, recv_counts, key="dx_bg", direction="forward",
+                             async_op=True, background=True)
+    dbuf = torch.full((2 + n_recv, WIDTH), -1.0)
+    hsend = send.to(torch.bfloat16)
+    out["duplex"] = dict(
+        group=(dx.duplex_group is not None and dx.duplex_group not in (group,
+                                                                       dx.background_group)
+               and sorted(dist.get_process_group_ranks(dx.duplex_group)) == [0, 1, 2]),
+        rows=torch.equal(dx.exchange(send, send_counts, recv_counts, key="dx",
+                                     direction="forward"), got),
+        many=[torch.equal(p.wait(), got * (k + 1)) for k, p in reversed(list(enumerate(pend)))],
+        bytes=torch.equal(dx.exchange(bsend, BYTES[rank], brecv_counts, key="dx_bytes",
+                                      direction="forward", unit="bytes"), received),
+        bytes_async=torch.equal(dx.exchange(bsend, BYTES[rank], brecv_counts, key="dx_bytes",
+                                            direction="forward", unit="bytes",
+                                            async_op=True).wait(), received),
+        into=(dx.exchange(send, send_counts, recv_counts, key="dx_out", direction="forward",
+                          out=dbuf[2:]).data_ptr() == dbuf[2:].data_ptr()
+              and torch.equal(dbuf[2:], got) and bool((dbuf[:2] == -1).all())),
+        half=torch.equal(dx.exchange(hsend, send_counts, recv_counts, key="dx_bf16",
+                                     direction="forward"), got.to(torch.bfloat16)),
+        one_d=torch.equal(dx.exchange(send[:, 2].contiguous(), send_counts, recv_counts,
+                                      key="dx_1d", direction="forward"), got[:, 2]),
+        background=torch.equal(bg_pending.wait(), got),
+        counted=_counter(dx.stats, "dx")["bytes_sent"] == 4 * out["rows_counter"]["bytes_sent"])
+    released = dx.duplex_group
+    dx.close()
+    try:
+        dist.get_backend(released)
+        out["duplex"]["closed"] = False
+    except ValueError:
+        out["duplex"]["closed"] = dx.duplex_group is None
+    plain = Transport(group, timeout=timedelta(seconds=60))
+    out["duplex"]["off_by_default"] = plain.duplex_group is None
     return out
 
 
@@ -269,6 +312,23 @@ def test_background_transfers_run_on_a_group_of_their_own(job):
         assert job[rank]["p3"]["background"] == dict(group=True, equal=True, counted=True,
                                                      waits=[1, 1], closed=True,
                                                      after_close=True)
+
+
+@pytest.mark.multiprocess
+def test_duplex_sends_both_directions_at_once_and_delivers_the_same(job):
+    for rank in range(3):
+        assert job[rank]["p3"]["duplex"] == dict(
+            group=True, rows=True, many=[True, True, True], bytes=True, bytes_async=True,
+            into=True, half=True, one_d=True, background=True, counted=True, closed=True,
+            off_by_default=True)
+
+
+def test_duplex_needs_gloo_and_peers():
+    # One process: nothing to split, no group created (and no process group needed).
+    t = Transport(duplex=True)
+    assert t.duplex_group is None
+    send = torch.arange(6.0).view(3, 2)
+    assert torch.equal(t.exchange(send, [3], [3], key="x", direction="forward"), send)
 
 
 @pytest.mark.multiprocess
