@@ -287,14 +287,15 @@ def test_options_the_strategy_would_ignore_are_refused(capsys):
     # before, --strategy 4d trained and reported "codec": null.
     fullgraph_only = ["--codec", "int2", "--cache", "0.1", "--pipeline", "async",
                       "--sampling", "0.5", "--no-overlap", "--aggregation", "post",
-                      "--link", "calibrate"]
+                      "--link", "calibrate", "--duplex"]
     with pytest.raises(SystemExit) as info:
         main(["train", "--strategy", "4d", "--model", "scalegnn", *fullgraph_only])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: lightning-fullgraph train")
-    assert ("--aggregation, --codec, --cache, --pipeline, --no-overlap, --sampling "
-            "and --link apply only with --strategy fullgraph (got --strategy 4d --model scalegnn)") in err
+    assert ("--aggregation, --codec, --cache, --pipeline, --no-overlap, --sampling, "
+            "--duplex and --link apply only with --strategy fullgraph (got --strategy 4d --model "
+            "scalegnn)") in err
     with pytest.raises(SystemExit) as info:
         main(["train", "--grid", "2,1,1", "--dp", "2", "--bf16-comm", "--steps-per-epoch", "3"])
     assert info.value.code == 2
@@ -393,13 +394,15 @@ def test_train_exchange_options_make_one_exchange_config(tmp_path):
     path = LinkModel(alpha=2e-4, beta=1.25e8).save(tmp_path / "link.json")
     args = build_parser().parse_args(
         ["train", "--aggregation", "auto", "--link", str(path), "--codec", "int2",
-         "--cache", "budgeted", "--sampling", "0.5", "--no-overlap"])
+         "--cache", "budgeted", "--sampling", "0.5", "--no-overlap", "--duplex"])
     config = _exchange_config(args)
     assert isinstance(config, ExchangeConfig)
     assert config.aggregation == "auto" and config.codec == "int2" and not config.overlap
+    assert config.duplex
     assert config.cache == "budgeted" and config.sampling == 0.5 and config.step_aside
     assert config.link == LinkModel.load(path)
     # Without 'auto' the link is the CommunicationMonitor's alone.
     args = build_parser().parse_args(["train", "--link", str(path)])
     config = _exchange_config(args)
     assert config.link is None and config.aggregation == "hybrid" and config.lossless
+    assert not config.duplex  # off unless asked

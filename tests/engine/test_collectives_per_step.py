@@ -31,6 +31,8 @@ EXPECTED = {
     ("gcn", "post+pipeline"): dict(exchange=2, control=3, gradients=1),
     ("gcn", "post+cache+pipeline"): dict(exchange=4, control=3, gradients=1),
     ("gcn", "post+sampling"): dict(exchange=2, control=3, gradients=1),
+    ("gcn", "post+duplex"): dict(exchange=4, control=3, gradients=1),
+    ("gcn", "hybrid+duplex"): dict(exchange=4, control=3, gradients=1),
     ("sage", "post"): dict(exchange=2, control=2, gradients=1),
     ("sage", "hybrid"): dict(exchange=2, control=2, gradients=1),
 }
@@ -42,7 +44,8 @@ def _engine(part, config):
               "cache": dict(cache=0.01),
               "budgeted": dict(cache=HaloCache(0.01, budgeted=True)),
               "pipeline": dict(pipeline="async"), "sampling": dict(sampling=0.5),
-              "cache+pipeline": dict(cache=0.01, pipeline="async")}.get(option, {})
+              "cache+pipeline": dict(cache=0.01, pipeline="async"),
+              "duplex": dict(duplex=True)}.get(option, {})
     return FullGraphEngine(part, exchange=ExchangeConfig(aggregation=mode, step_aside=False,
                                                          **kwargs))
 
