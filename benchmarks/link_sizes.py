@@ -116,8 +116,9 @@ def table(rows: List[Dict[str, object]]) -> str:
             lines.append(f"{r['rate']:>8} {r['nodes']:>5} {r['node_cores']:>5}  "
                          f"{size / 2 ** 20:>10.2f} {bw / 1e6:>8.2f} "
                          f"{bw / r['line_rate']:>7.2f}")
-        lines.append(f"{'':>8} {'':>5} {'':>5}  {'two groups':>10} {r['duplex_bandwidth'] / 1e6:>8.2f} "
-                     f"{r['duplex_bandwidth'] / r['line_rate']:>7.2f}  (the largest size, each "
+        duplex = r["duplex_bandwidth"]
+        lines.append(f"{'':>8} {'':>5} {'':>5}  {'two groups':>10} {duplex / 1e6:>8.2f} "
+                     f"{duplex / r['line_rate']:>7.2f}  (the largest size, each "
                      f"direction on a group of its own: {r['duplex_speedup']:.2f}x faster)")
         for name in ("short", "default"):
             lines.append(f"{'':>8} {'':>5} {'':>5}  {'calibrate, ' + name:>10}: "

@@ -26,7 +26,8 @@ The latency is the mean time of an exchange of zero bytes divided by
 the number of peers; the bandwidth is the least-squares slope of the remaining sizes through
 that intercept, which the largest size dominates: the default sweep ends with a bulk exchange
 of 32 MiB a rank, because a short exchange is carried faster than the long ones of a large
-graph's layers (a link's burst and queue; gloo carrying one direction of a pair at a time).  The codec's cost is the median time of ``encode`` + ``decode`` of two blocks
+graph's layers (a link's burst and queue; gloo carrying one direction of a pair at a time).
+The codec's cost is the median time of ``encode`` + ``decode`` of two blocks
 of as many values, in wide rows and in narrow ones (:func:`calibrate_codec_costs`): a bytes
 term and a row term, because a codec that writes a header per row pays per row too (the
 identity codec by default, which is nearly free).
