@@ -94,6 +94,40 @@ def write_result(topic: str, result: Any, out: Optional[os.PathLike] = None,
     return target
 
 
+def cluster_worker_json(topic: str, cluster: Any, node_cores: int, extra: Dict[str, str],
+                        port: int, timeout: float) -> Dict[str, Any]:
+    """Runs ``python -m benchmarks.<topic> --worker`` under one ``torchrun`` per node of the
+    emulated :obj:`cluster` (brought up and torn down here), with as many threads per rank as
+    a node has cores, sleeping at once when idle, and :obj:`extra` in the environment; returns
+    the JSON object rank 0 printed.  A failing node raises with rank 0's error output."""
+    import subprocess
+    path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
+    env = dict(PYTHONPATH=path, OMP_NUM_THREADS=str(node_cores), OMP_WAIT_POLICY="PASSIVE",
+               **extra)
+    with cluster:
+        procs = cluster.torchrun(["-m", f"benchmarks.{topic}", "--worker"], env=env, port=port,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        outs = [proc.communicate(timeout=timeout) for proc in procs]
+    if any(proc.returncode for proc in procs):
+        raise RuntimeError(f"{topic} at {cluster.rate}: exit codes "
+                           f"{[proc.returncode for proc in procs]}:\n{outs[0][1][-3000:]}")
+    text = outs[0][0]
+    return json.loads(text[text.index("{"):])
+
+
+def write_rows(topic: str, rows: List[Dict[str, Any]], opts: argparse.Namespace,
+               argv: Optional[Sequence[str]]) -> Path:
+    """Writes ``{"meta": ..., "rows": rows}`` to ``opts.json_out`` (or :func:`result_path`
+    under ``opts.out``), the meta naming the command line, and says where on stderr."""
+    out = Path(opts.json_out) if opts.json_out else result_path(topic, opts.out)
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), cores=os.cpu_count(),
+                command=" ".join([f"python -m benchmarks {topic}"]
+                                 + (sys.argv[1:] if argv is None else list(argv))))
+    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+    print(f"results: {out}", file=sys.stderr)
+    return out
+
+
 def print_json(result: Any, indent: Optional[int] = 2) -> None:
     print(json.dumps(result, indent=indent), flush=True)
 

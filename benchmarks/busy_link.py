@@ -26,13 +26,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Dict, List, Optional
 
-from ._common import REPO, add_out_argument, result_path
+from ._common import add_out_argument, cluster_worker_json, write_rows
 
 
 def worker() -> None:
@@ -116,33 +114,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     for rate in opts.rates:
         cluster = EmulatedCluster.dilated(opts.nodes, rate, node_cores=opts.node_cores)
-        path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
-        env = dict(PYTHONPATH=path, OMP_NUM_THREADS=str(opts.node_cores),
-                   OMP_WAIT_POLICY="PASSIVE", BUSY_GRAD_MB=str(opts.grad_mb),
-                   BUSY_BETA=str(parse_rate(cluster.rate) / 8), BUSY_BULK_S=str(opts.bulk_s),
-                   BUSY_REPEATS=str(opts.repeats))
-        with cluster:
-            procs = cluster.torchrun(["-m", "benchmarks.busy_link", "--worker"], env=env,
-                                     port=29871, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-            outs = [proc.communicate(timeout=900) for proc in procs]
-        if any(proc.returncode for proc in procs):
-            raise RuntimeError(f"busy_link at {rate}: exit codes "
-                               f"{[proc.returncode for proc in procs]}:\n{outs[0][1][-3000:]}")
-        text = outs[0][0]
+        got = cluster_worker_json("busy_link", cluster, opts.node_cores, dict(
+            BUSY_GRAD_MB=str(opts.grad_mb), BUSY_BETA=str(parse_rate(cluster.rate) / 8),
+            BUSY_BULK_S=str(opts.bulk_s), BUSY_REPEATS=str(opts.repeats)), 29871, 900)
         row = dict(rate=rate, nodes=opts.nodes, node_cores=opts.node_cores,
-                   dilation=cluster.dilation, grad_mb=opts.grad_mb, bulk_s=opts.bulk_s,
-                   **json.loads(text[text.index("{"):]))
+                   dilation=cluster.dilation, grad_mb=opts.grad_mb, bulk_s=opts.bulk_s, **got)
         row["all_reduce_ratio"] = row["all_reduce_busy_s"] / row["all_reduce_idle_s"]
         row["compute_ratio"] = row["compute_busy_s"] / row["compute_idle_s"]
         rows.append(row)
     print(table(rows))
-    out = Path(opts.json_out) if opts.json_out else result_path("busy_link", opts.out)
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), cores=os.cpu_count(),
-                command=" ".join(["python -m benchmarks busy_link"]
-                                 + (sys.argv[1:] if argv is None else list(argv))))
-    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-    print(f"results: {out}", file=sys.stderr)
+    write_rows("busy_link", rows, opts, argv)
     return 0
 
 

@@ -33,13 +33,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Dict, List, Optional
 
-from ._common import REPO, add_out_argument, result_path
+from ._common import add_out_argument, cluster_worker_json, write_rows
 
 #: The sweep of :func:`~lightning_fullgraph.planner.calibrate` before its bulk size.
 SHORT_SWEEP = (0, 1 << 16, 1 << 20, 1 << 23)
@@ -144,20 +142,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     for rate in opts.rates:
         cluster = EmulatedCluster.dilated(opts.nodes, rate, node_cores=opts.node_cores)
-        path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
-        env = dict(PYTHONPATH=path, OMP_NUM_THREADS=str(opts.node_cores),
-                   OMP_WAIT_POLICY="PASSIVE", LINK_REPEATS=str(opts.repeats),
-                   LINK_SIZES=",".join(str(s) for s in opts.sizes))
-        with cluster:
-            procs = cluster.torchrun(["-m", "benchmarks.link_sizes", "--worker"], env=env,
-                                     port=29873, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-            outs = [proc.communicate(timeout=1800) for proc in procs]
-        if any(proc.returncode for proc in procs):
-            raise RuntimeError(f"link_sizes at {rate}: exit codes "
-                               f"{[proc.returncode for proc in procs]}:\n{outs[0][1][-3000:]}")
-        text = outs[0][0]
-        got = json.loads(text[text.index("{"):])
+        got = cluster_worker_json("link_sizes", cluster, opts.node_cores, dict(
+            LINK_REPEATS=str(opts.repeats), LINK_SIZES=",".join(str(s) for s in opts.sizes)),
+            29873, 1800)
         dilation = cluster.dilation
         bandwidth = [b / s * dilation for b, s in zip(got["sent"], got["seconds"])]
         row = dict(rate=rate, nodes=opts.nodes, node_cores=opts.node_cores, dilation=dilation,
@@ -172,12 +159,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             row[f"{name}_vs_largest"] = row[f"{name}_beta"] / bandwidth[-1]
         rows.append(row)
     print(table(rows))
-    out = Path(opts.json_out) if opts.json_out else result_path("link_sizes", opts.out)
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), cores=os.cpu_count(),
-                command=" ".join(["python -m benchmarks link_sizes"]
-                                 + (sys.argv[1:] if argv is None else list(argv))))
-    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-    print(f"results: {out}", file=sys.stderr)
+    write_rows("link_sizes", rows, opts, argv)
     return 0
 
 
