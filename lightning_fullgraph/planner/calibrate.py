@@ -57,7 +57,7 @@ NARROW_WIDTH = 8
 
 #: Bytes one rank sends per exchange in the sweep: latency-bound to bandwidth-bound.  The
 #: last is a bulk exchange: on four emulated machines with 1 Gbit/s links (``python -m
-#: benchmarks link_sizes``) an exchange of 1 MiB a rank got 95 % of the line rate and one of
+#: benchmarks link_sizes``) an exchange of 1 MiB a rank got 94-95 % of the line rate and one of
 #: 64 MiB 73-81 %; a sweep ending at 8 MiB read 1.29-1.44x the 64 MiB exchange's bandwidth,
 #: this one 1.04-1.15x (and 1.05x the link fitted to a GraphSAGE run's exchanges).
 DEFAULT_SIZES = (0, 1 << 16, 1 << 20, 1 << 23, 1 << 25)
@@ -125,7 +125,7 @@ def _time_once(send, recv, splits, world: int, group: Optional[Any],
 
 def _sweep(sizes: Sequence[int], world: int, rank: int, group: Optional[Any],
            device: torch.device, repeats: int, warmup: int, skew_s: float,
-           bulk_repeats: Optional[int] = None) -> torch.Tensor:
+           bulk_repeats: int) -> torch.Tensor:
     r"""This rank's seconds, ``[repeats, len(sizes)]`` (float64, CPU).  The sizes take turns
     within every repetition, so that a passing disturbance (another job on the machine)
     touches all of them alike instead of one size's samples.  Sizes above
@@ -133,7 +133,7 @@ def _sweep(sizes: Sequence[int], world: int, rank: int, group: Optional[Any],
     (and in at most one warm-up); their other entries are NaN.  Every rank runs the same
     exchanges: the counts depend on the arguments alone."""
     buffers = [_buffers(s, world, rank, device) for s in sizes]
-    bulk = repeats if bulk_repeats is None else max(1, min(repeats, int(bulk_repeats)))
+    bulk = max(1, min(repeats, int(bulk_repeats)))
     first = warmup + repeats - bulk  # the bulk sizes' first timed turn
     draws = random.Random(rank)
     times = torch.full((repeats, len(sizes)), math.nan, dtype=torch.float64)
@@ -444,7 +444,8 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
             puts a barrier there instead.
         bulk_repeats (int): Timed repetitions of the sizes above :data:`BULK_BYTES` (8 MiB),
             at most :obj:`repeats`, after at most one warm-up: long exchanges vary little,
-            and at 1 Gbit/s the default's 32 MiB takes about 0.3 s.
+            and on four machines at 1 Gbit/s the default's 32 MiB took 0.34 s
+            (``python -m benchmarks link_sizes``).
         device (torch.device, optional): Device of the buffers (default: the current CUDA
             device with NCCL, else CPU).
         codec (Codec, optional): Codec whose cost is measured (default: identity).
