@@ -26,6 +26,7 @@ still in flight, and the pipeline would hide nothing past the next collective.
 """
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
@@ -121,18 +122,17 @@ class Transport:
             if duplex and self.world_size > 1 and self.backend == "gloo" else None
 
     def close(self) -> None:
-        r"""Releases the background group (its sockets and threads), once nothing is in
-        flight on it; the transport then runs every transfer on :attr:`group`.  Every rank
-        calls it at the same point (gloo destroys a group locally, but some NCCL versions
-        abort a communicator collectively)."""
+        r"""Releases the background and duplex groups (their sockets and threads), once
+        nothing is in flight on them; the transport then runs every transfer on
+        :attr:`group`.  Every rank calls it at the same point (gloo destroys a group locally,
+        but some NCCL versions abort a communicator collectively).  Where :attr:`group` is a
+        subgroup, they are kept for its next transport instead of destroyed (torch would
+        give a new one the destroyed one's name: see :func:`_release_sibling`)."""
         groups = (self.background_group, self.duplex_group)
         self.background_group = self.duplex_group = None
-        for group in groups:
-            if group is not None and dist.is_available() and dist.is_initialized():
-                try:
-                    dist.destroy_process_group(group)
-                except ValueError:  # already gone with the world (destroy_process_group())
-                    pass
+        for sibling in groups:
+            if sibling is not None:
+                _release_sibling(self.group, sibling)
 
     # -- the one collective ---------------------------------------------------------------
     def exchange(self, send: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
@@ -300,7 +300,9 @@ def _both_directions(recv: Tensor, wire: Tensor, send_counts: List[int],
 
 
 def _sibling_group(group: Optional[Any], timeout: Optional[Any]) -> Any:
-    r"""A new process group of :obj:`group`'s ranks and backend (collective over them)."""
+    r"""A new process group of :obj:`group`'s ranks and backend (collective over them).
+
+    Give it back with :func:`_release_sibling`, on every rank at the same point."""
     kwargs: dict = dict(backend=dist.get_backend(group))
     if timeout is not None:
         kwargs["timeout"] = timeout if isinstance(timeout, timedelta) \
@@ -308,8 +310,53 @@ def _sibling_group(group: Optional[Any], timeout: Optional[Any]) -> Any:
     ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
     if len(ranks) == dist.get_world_size():
         return dist.new_group(**kwargs)
+    spare = _SPARE_SIBLINGS.get(group, [])
+    spare[:] = [sibling for sibling in spare if _alive(sibling)]
+    for i, sibling in enumerate(spare):
+        if _MADE_WITH.get(sibling) == kwargs.get("timeout"):
+            return spare.pop(i)
     # A subgroup: only its ranks take part (the others never construct this transport).
-    return dist.new_group(ranks=ranks, use_local_synchronization=True, **kwargs)
+    sibling = dist.new_group(ranks=ranks, use_local_synchronization=True, **kwargs)
+    _MADE_WITH[sibling] = kwargs.get("timeout")
+    return sibling
+
+
+def _release_sibling(group: Optional[Any], sibling: Any, reuse: bool = True) -> None:
+    r"""Gives back a group made by :func:`_sibling_group` for :obj:`group`, once nothing is
+    in flight on it (:obj:`reuse=False` after a failure: destroyed whatever its state).
+
+    A sibling of the whole world is destroyed.  A sibling of a subgroup is kept for the next
+    transport of that subgroup instead: torch names a group made with local synchronization
+    after its ranks and the number of groups alive, so one made after destroying another of
+    the same ranks gets the destroyed one's name, and its rendezvous reads the destroyed one's
+    addresses from the store and fails (``connectFullMesh ... Connection refused``, after the
+    timeout).  So a subgroup keeps at most as many siblings as it ever had in use at
+    once (two per transport, one while a calibration runs), until the world is destroyed."""
+    if not (dist.is_available() and dist.is_initialized()) or not _alive(sibling):
+        return  # already gone with the world (destroy_process_group())
+    whole = dist.get_world_size(sibling) == dist.get_world_size()
+    if reuse and not whole:
+        _SPARE_SIBLINGS.setdefault(group, []).append(sibling)
+        return
+    try:
+        dist.destroy_process_group(sibling)
+    except ValueError:
+        pass
+
+
+#: Siblings of subgroups no transport uses now, by subgroup (see :func:`_release_sibling`).
+_SPARE_SIBLINGS: "weakref.WeakKeyDictionary[Any, List[Any]]" = weakref.WeakKeyDictionary()
+#: The collective timeout each sibling of a subgroup was made with (a spare serves only a
+#: transport with the same one).
+_MADE_WITH: "weakref.WeakKeyDictionary[Any, Optional[timedelta]]" = weakref.WeakKeyDictionary()
+
+
+def _alive(group: Any) -> bool:
+    try:
+        dist.get_process_group_ranks(group)
+    except (KeyError, ValueError, RuntimeError):
+        return False
+    return True
 
 
 class _Timer:

@@ -347,7 +347,7 @@ def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: i
     0.430 s beside such a transfer (``python -m benchmarks busy_link``).  Timed here as it
     happens: an all-reduce of 256 values on :obj:`group` alone, and again :obj:`fill_s`
     seconds after an asynchronous ``all_to_all_single`` on a second group (created here over
-    the same ranks, as the pipeline creates its own, and destroyed after) started with enough
+    the same ranks, as the pipeline creates its own, and given back after) started with enough
     bytes at :obj:`beta` to outlast it, :obj:`timed` of them each time, :obj:`repeats` times;
     the queue wait is the median excess per all-reduce, mean over ranks (all-reduced: the
     same on every rank).  CPU tensors only (gloo); ``0.0`` for one rank.
@@ -371,8 +371,9 @@ def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: i
     world, rank, _ = _group_info(group)
     if world < 2:
         return 0.0
-    from ..engine.transport import _sibling_group
+    from ..engine.transport import _release_sibling, _sibling_group
     side = _sibling_group(group, timeout)
+    done = False
     try:
         small = torch.zeros(256)
 
@@ -396,8 +397,9 @@ def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: i
             time.sleep(fill_s)
             busy.append(collectives())
             work.wait()
+        done = True
     finally:
-        dist.destroy_process_group(side)
+        _release_sibling(group, side, reuse=done)
     wait = torch.tensor([max(0.0, statistics.median(busy) - statistics.median(idle))],
                         dtype=torch.float64)
     dist.all_reduce(wait, op=dist.ReduceOp.SUM, group=group)

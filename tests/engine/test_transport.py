@@ -170,9 +170,6 @@ def _p3(rank, group):
     # takes no part in creating it.  A synchronous exchange on the main group runs while the
     # background transfer is in flight, and both deliver.
     bg = Transport(group, timeout=timedelta(seconds=60), background=True)
-    # (Made before bg.close(): a group made after another of the same ranks was destroyed
-    # reuses its name, and its rendezvous would read the old group's keys in the store.)
-    dx = Transport(group, timeout=timedelta(seconds=60), background=True, duplex=True)
     pending = bg.exchange(send, send_counts, recv_counts, key="bg", direction="forward",
                           async_op=True, background=True)
     now = bg.exchange(send, send_counts, recv_counts, key="rows", direction="forward")
@@ -184,20 +181,32 @@ def _p3(rank, group):
         # Waited for as a background transfer (the planner leaves it out of the step's link).
         waits=[bg.stats.counters[("bg", "forward")].waits,
                bg.stats.counters[("bg", "forward")].background_waits])
-    # close() releases the background group (gloo: locally); background transfers
-    # then run on the main group, and still deliver.
+    # close() releases the background group; background transfers then run on the main
+    # group, and still deliver.  A subgroup's sibling is kept for the subgroup's next
+    # transport, not destroyed: torch would name a new group of the same ranks after the
+    # destroyed one, and its rendezvous would read the old group's addresses in the store.
     released = bg.background_group
     bg.close()
-    try:
-        dist.get_backend(released)
-        gone = False
-    except ValueError:  # "Invalid process group specified": destroyed
-        gone = True
     after = bg.exchange(send, send_counts, recv_counts, key="bg", direction="forward",
                         async_op=True, background=True).wait()
     bg.close()  # a second close does nothing
-    out["background"].update(closed=gone and bg.background_group is None,
+    out["background"].update(closed=bg.background_group is None and _alive(released),
                              after_close=torch.equal(after, got))
+    # The queue-wait calibration borrows it and gives it back; the next transport reuses
+    # it (and makes a new group for what it needs beyond it, unharmed by the reuse); a
+    # transport with another collective timeout makes its own.
+    from lightning_fullgraph.planner.calibrate import calibrate_queue_wait
+    wait = calibrate_queue_wait(group, beta=1e8, repeats=1, fill_s=0.01, timed=1,
+                                max_bytes=1 << 16, timeout=timedelta(seconds=60))
+    dx = Transport(group, timeout=timedelta(seconds=60), background=True, duplex=True)
+    other = Transport(group, timeout=timedelta(seconds=61), background=True)
+    out["background"].update(
+        calibrated=wait >= 0.0, reused=dx.background_group is released,
+        others=(other.background_group not in (released, dx.duplex_group)
+                and torch.equal(other.exchange(send, send_counts, recv_counts, key="o",
+                                               direction="forward", async_op=True,
+                                               background=True).wait(), got)))
+    other.close()
 
     # Duplex: each exchange's two directions at once on two groups of the subgroup's ranks
     # (rank 3 of the world takes no part), the same bytes into the same places as one
@@ -231,14 +240,28 @@ def _p3(rank, group):
         counted=_counter(dx.stats, "dx")["bytes_sent"] == 4 * out["rows_counter"]["bytes_sent"])
     released = dx.duplex_group
     dx.close()
-    try:
-        dist.get_backend(released)
-        out["duplex"]["closed"] = False
-    except ValueError:
-        out["duplex"]["closed"] = dx.duplex_group is None
+    out["duplex"]["closed"] = dx.duplex_group is None and _alive(released)
     plain = Transport(group, timeout=timedelta(seconds=60))
     out["duplex"]["off_by_default"] = plain.duplex_group is None
     return out
+
+
+def _alive(group):
+    import torch.distributed as dist
+    try:
+        dist.get_backend(group)
+    except ValueError:  # "Invalid process group specified": destroyed
+        return False
+    return True
+
+
+def _whole_world_siblings():
+    r"""A transport of the whole world destroys its groups when closed (torch names a new
+    group of all ranks by a counter that only grows: nothing to keep them for)."""
+    t = Transport(background=True, duplex=True)
+    made = (t.background_group, t.duplex_group)
+    t.close()
+    return dict(made=all(g is not None for g in made), destroyed=[not _alive(g) for g in made])
 
 
 def _inter_host(rank, world_size):
@@ -258,7 +281,7 @@ def _inter_host(rank, world_size):
 def _job(rank, world_size):
     import torch.distributed as dist
     group = dist.new_group(ranks=[0, 1, 2], timeout=timedelta(seconds=60))
-    result = dict(inter=_inter_host(rank, world_size))
+    result = dict(inter=_inter_host(rank, world_size), world=_whole_world_siblings())
     result["p3"] = _p3(rank, group) if rank < 3 else None
     dist.barrier()
     return result
@@ -311,7 +334,14 @@ def test_background_transfers_run_on_a_group_of_their_own(job):
     for rank in range(3):
         assert job[rank]["p3"]["background"] == dict(group=True, equal=True, counted=True,
                                                      waits=[1, 1], closed=True,
-                                                     after_close=True)
+                                                     after_close=True, calibrated=True,
+                                                     reused=True, others=True)
+
+
+@pytest.mark.multiprocess
+def test_a_transport_of_the_whole_world_destroys_its_groups_when_closed(job):
+    for rank in range(4):
+        assert job[rank]["world"] == dict(made=True, destroyed=[True, True])
 
 
 @pytest.mark.multiprocess
