@@ -206,13 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     gx.add_argument("--duplex", action=argparse.BooleanOptionalAction, default=False,
                     help="on gloo, send each exchange's two directions at once on two process "
                          "groups (gloo carries one direction of a connection at a time; exact; "
-                         "two collectives per exchange; default off)")
+                         "two collectives per exchange; with --step-aside kept only where it "
+                         "shortens the step; default off)")
     gx.add_argument("--step-aside", action=argparse.BooleanOptionalAction, default=True,
                     help="after a few epochs, time the reductions on (pre/hybrid/auto aggregation, "
-                         "codec, cache, pipeline, boundary sampling) against the epoch with "
-                         "each left out, and keep "
-                         "only those that shorten it (all ranks decide alike; logged; default "
-                         "on; --no-step-aside keeps them throughout)")
+                         "codec, cache, pipeline, boundary sampling, duplex) against the epoch "
+                         "with each left out, and keep only those that shorten it (all ranks "
+                         "decide alike; logged; default on; --no-step-aside keeps them "
+                         "throughout)")
     gx.add_argument("--sampling", "--boundary-sampling", dest="sampling", type=float,
                     default=None, metavar="P",
                     help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "

@@ -70,9 +70,10 @@ class ExchangeConfig:
             kernels).  Exact to floating-point rounding.  Default on.
         step_aside (bool or StepAside): After a few training steps, time the configured
             reductions (the pre/hybrid/auto aggregation, sampling, cache, lossy codec,
-            pipeline) against the step with each left out and keep only those that shorten
-            it (:class:`~.step_aside.StepAside`; every rank decides the same, the decision is
-            checkpointed).  Default on; nothing to try with exact post aggregation.  The
+            pipeline, duplex) against the step with each left out and keep only those that
+            shorten it (:class:`~.step_aside.StepAside`; every rank decides the same, the
+            decision is checkpointed).  Default on; nothing to try with exact post
+            aggregation without duplex.  The
             decision depends on measured times: ``False`` keeps the configured policy
             throughout.
         duplex (bool): On gloo, send every exchange's two directions at once, on two process
@@ -81,7 +82,9 @@ class ExchangeConfig:
             directions at once 1.99x that (four machines: 1.27x; ``python -m benchmarks
             link_sizes``).  Exact (the same bytes into the same places); two collectives per
             exchange instead of one, and a second group's sockets.  Other backends ignore
-            it.  Default off.
+            it.  With :obj:`step_aside`, tried against one collective per exchange and kept
+            only where it shortens the step (a latency-bound model can get slower: GCN's
+            step took 1.05x).  Default off.
         link (str or LinkModel, optional): The link :obj:`aggregation` ``"auto"`` predicts
             on: a :class:`~lightning_fullgraph.planner.LinkModel`, a JSON file written by
             ``lightning-fullgraph train --save-link`` or ``plan --save-link``, or

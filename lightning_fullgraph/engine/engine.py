@@ -139,7 +139,7 @@ class FullGraphEngine:
         self.stages_changed = 0
         self.step_aside = StepAside.of(config.step_aside)
         if self.step_aside is not None and not self.step_aside.bind(self._trial_stages()):
-            self.step_aside = None  # exact post: nothing to step aside
+            self.step_aside = None  # exact post, one collective: nothing to step aside
         self._model: Optional[PartitionedModel] = None
         self._hooks: Optional[BackwardHooks] = None
         self._data: Optional[Data] = None
@@ -192,17 +192,21 @@ class FullGraphEngine:
     def _trial_stages(self, pre_layers: bool = True) -> Tuple[str, ...]:
         r"""What step aside tries leaving out: the aggregation mode (named as configured:
         ``"pre"``, ``"hybrid"`` or ``"auto"``; left out, every layer runs post) where a
-        layer may use it, then the policy's stages."""
+        layer may use it, then the policy's stages, then ``"duplex"`` where the transport
+        has a duplex group (left out, each exchange is one collective again)."""
         mode = (self.aggregation, ) if self.aggregation != "post" and pre_layers else ()
-        return mode + tuple(self.policy.stages())
+        duplex = ("duplex", ) if self.transport.duplex_group is not None else ()
+        return mode + tuple(self.policy.stages()) + duplex
 
     def run_stages(self, stages) -> None:
         r"""From now on, exchanges run only :obj:`stages` of the engine's policy (names of
-        :data:`~.policy.STAGES`; the others send every row, exactly, synchronously) and the
+        :data:`~.policy.STAGES`; the others send every row, exactly, synchronously), the
         configured aggregation mode only if its name is among them (else every layer runs
-        post-aggregated, :meth:`~.aggregation.AggregationRouter.hold_post`).  Every rank must
-        call it at the same point of training."""
+        post-aggregated, :meth:`~.aggregation.AggregationRouter.hold_post`) and each exchange
+        as two collectives only if ``"duplex"`` is (:attr:`.Transport.duplex`).  Every rank
+        must call it at the same point of training."""
         stages = tuple(stages)
+        self.transport.duplex = "duplex" in stages
         policy = policy_with(self.policy, stages)
         for exchange in self._all_exchanges():
             exchange.set_policy(policy)
@@ -229,10 +233,12 @@ class FullGraphEngine:
             return
         decision = state.get("decision")
         arms = decision["arms"] if decision is not None else self.step_aside.arms
-        if self.aggregation != "post" and self.aggregation not in {s for arm in arms
-                                                                   for s in arm}:
+        tried = {s for arm in arms for s in arm}
+        if self.aggregation != "post" and self.aggregation not in tried:
             # A decision that did not try the mode (saved before it was an arm) keeps it.
             stages = (self.aggregation, ) + tuple(stages)
+        if "duplex" not in tried:  # nor duplex (saved before it was one, or without it)
+            stages = tuple(stages) + ("duplex", )
         self.run_stages(stages)
 
     def _all_exchanges(self):

@@ -120,6 +120,19 @@ class Transport:
             if background and self.world_size > 1 else None
         self.duplex_group = _sibling_group(group, timeout) \
             if duplex and self.world_size > 1 and self.backend == "gloo" else None
+        self._split = True
+
+    @property
+    def duplex(self) -> bool:
+        r"""Whether exchanges now send their two directions on two groups: the transport
+        has a duplex group, and it is not set aside (``transport.duplex = False``, as
+        :class:`~.step_aside.StepAside` does where it does not shorten the step; every
+        rank sets it at the same point)."""
+        return self.duplex_group is not None and self._split
+
+    @duplex.setter
+    def duplex(self, on: bool) -> None:
+        self._split = bool(on)
 
     def close(self) -> None:
         r"""Releases the background and duplex groups (their sockets and threads), once
@@ -199,7 +212,7 @@ class Transport:
                     send_counts, recv_counts), self.timeout):
                 group = self.background_group if background \
                     and self.background_group is not None else self.group
-                if self.duplex_group is not None and not background:
+                if self.duplex and not background:
                     work = _both_directions(recv, wire, send_counts, recv_counts, self.rank,
                                             group, self.duplex_group)
                     if not async_op:
