@@ -49,7 +49,7 @@ import torch.distributed as dist
 from .link import LinkModel
 
 __all__ = ["calibrate", "calibrate_codec", "calibrate_codec_costs", "calibrate_contention",
-           "calibrate_queue_wait", "calibrate_local", "DEFAULT_SIZES"]
+           "calibrate_queue_wait", "calibrate_duplex", "calibrate_local", "DEFAULT_SIZES"]
 
 #: Values per row of the narrow block :func:`calibrate_codec_costs` times beside the wide one
 #: (the rows of a layer whose outputs are a handful of classes).
@@ -406,6 +406,64 @@ def calibrate_queue_wait(group: Optional[Any] = None, *, beta: float, repeats: i
     return float(wait.item()) / world
 
 
+def calibrate_duplex(group: Optional[Any] = None, *, nbytes: int = 1 << 25, repeats: int = 4,
+                     timeout: Optional[Any] = None) -> float:
+    r"""How many times faster a bulk exchange runs with its two directions at once, on two
+    groups of the same ranks, than as one ``all_to_all_single``:
+    :attr:`~.link.LinkModel.duplex_gain` (what ``ExchangeConfig(duplex=True)`` buys).
+
+    gloo carries one direction of a pair's connection at a time; between two emulated machines
+    at 1 Gbit/s a bulk exchange ran 1.99x faster with both at once, between four 1.27x
+    (``python -m benchmarks link_sizes``).  Timed here as the transport sends it: an exchange
+    of :obj:`nbytes` a rank, one way then the other, after one warm-up of each, :obj:`repeats`
+    times; each way counts the mean over repetitions of the fastest rank's time (all-gathered:
+    the same on every rank).  The second group is made here over the same ranks and given back
+    after.  ``1.0`` for one rank or another backend than gloo (NCCL moves both directions
+    at once already).
+
+    Every rank of the group must call it at the same point.
+
+    Args:
+        group (ProcessGroup, optional): The group (default: the world).
+        nbytes (int): Bytes one rank sends per exchange (a bulk size: a short one is carried
+            faster than the long ones of a large graph's layers).
+        repeats (int): Timed repetitions of each way.
+        timeout (float or timedelta, optional): The collective timeout of the second group
+            (default: torch's); give the group's own.
+
+    Returns:
+        float: The one-collective time over the two-group time.
+    """
+    world, rank, backend = _group_info(group)
+    if world < 2 or backend != "gloo":
+        return 1.0
+    if int(repeats) < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    from ..engine.transport import _both_directions, _release_sibling, _sibling_group
+    send, recv, splits = _buffers(int(nbytes), world, rank, torch.device("cpu"))
+    side = _sibling_group(group, timeout)
+    done = False
+    try:
+        def once(split: bool) -> float:
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            if split:
+                _both_directions(recv, send, splits, splits, rank, group, side).wait()
+            else:
+                dist.all_to_all_single(recv, send, output_split_sizes=splits,
+                                       input_split_sizes=splits, group=group)
+            return time.perf_counter() - t0
+
+        once(False), once(True)  # warm-up: both groups' connections exist before timing
+        times = torch.tensor([[once(False), once(True)] for _ in range(int(repeats))],
+                             dtype=torch.float64)
+        done = True
+    finally:
+        _release_sibling(group, side, reuse=done)
+    one, two = _fastest_rank_means(times, world, backend, group, torch.device("cpu"))
+    return one / two if two > 0 else 1.0
+
+
 def _fit(sizes: Sequence[int], seconds: Sequence[float], world: int):
     r"""``(alpha, beta)`` from the sweep: zero-size intercept, slope through it."""
     pairs = list(zip(sizes, seconds))
@@ -423,7 +481,8 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
               repeats: int = 60, warmup: int = 2, skew_s: float = 2e-3,
               bulk_repeats: int = 4, device: Optional[torch.device] = None,
               codec: Any = None, codec_rows: int = 4096, codec_width: int = 128,
-              contention: bool = False, timeout: Optional[Any] = None) -> LinkModel:
+              contention: bool = False, duplex: bool = False,
+              timeout: Optional[Any] = None) -> LinkModel:
     r"""Measures latency, bandwidth and codec throughput on :obj:`group` (and, asked for, what
     transfers in flight cost: the contention of compute with them, and the queue wait of a
     collective behind them).
@@ -459,8 +518,12 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
             beside five of them) and :attr:`~.link.LinkModel.queue_wait`
             (:func:`calibrate_queue_wait`: three transfers of about 1.2 s); CPU tensors only,
             else left at 0.
+        duplex (bool): Also measure :attr:`~.link.LinkModel.duplex_gain`
+            (:func:`calibrate_duplex`, at the largest size, :obj:`bulk_repeats` times); gloo
+            only, else left at 1.
         timeout (float or timedelta, optional): The group's collective timeout, for the
-            second group the queue wait is measured beside (default: torch's).
+            second group the queue wait and the duplex gain are measured on (default:
+            torch's).
 
     Returns:
         LinkModel
@@ -502,12 +565,14 @@ def calibrate(group: Optional[Any] = None, *, sizes: Sequence[int] = DEFAULT_SIZ
     measure = contention and world > 1 and device.type == "cpu"
     share = calibrate_contention(group, beta=beta) if measure else 0.0
     queue = calibrate_queue_wait(group, beta=beta, timeout=timeout) if measure else 0.0
+    gain = calibrate_duplex(group, nbytes=max(sizes[-1], BULK_BYTES), repeats=bulk_repeats,
+                            timeout=timeout) if duplex else 1.0
     return LinkModel(alpha=alpha, beta=beta, codec_throughput=throughput,
                      codec_row_seconds=row_s,
                      world_size=world, backend=backend, device=str(device),
                      samples=list(zip(sent, means)),
                      codec=type(codec).__name__ if codec is not None else "IdentityCodec",
-                     contention=share, queue_wait=queue)
+                     contention=share, queue_wait=queue, duplex_gain=gain)
 
 
 def _calibrate_worker(rank: int, world_size: int, kwargs: Dict[str, Any]) -> Dict[str, Any]:

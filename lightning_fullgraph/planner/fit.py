@@ -93,8 +93,8 @@ def fit_link(samples: Iterable[Tuple[int, int, float]], world_size: int,
             every steady-state epoch so far.
         world_size (int): Ranks of the group (at least 2).
         prior (LinkModel, optional): A ping-pong calibration of the same group: its bandwidth
-            is kept when the samples cannot tell it (and its codec throughput, contention and
-            queue wait always).
+            is kept when the samples cannot tell it (and its codec throughput, contention,
+            queue wait and duplex gain always).
         backend (str, optional): The group's backend (default: the prior's, else
             ``"unknown"``).
         device (str, optional): Device of the exchanged tensors (default: the prior's, else
@@ -145,4 +145,5 @@ def fit_link(samples: Iterable[Tuple[int, int, float]], world_size: int,
                      source="training",
                      contention=prior.contention if prior is not None else 0.0,
                      codec_row_seconds=prior.codec_row_seconds if prior is not None else 0.0,
-                     queue_wait=prior.queue_wait if prior is not None else 0.0)
+                     queue_wait=prior.queue_wait if prior is not None else 0.0,
+                     duplex_gain=prior.duplex_gain if prior is not None else 1.0)

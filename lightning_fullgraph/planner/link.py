@@ -16,7 +16,10 @@ needs, measured by :mod:`.calibrate` on the process group that trains:
 * :attr:`~LinkModel.queue_wait`, the seconds a small synchronous collective waits longer
   while a transfer of the rank's own on another process group fills the link's queue (the
   asynchronous pipeline's, in flight into the next step, delays the step's gradient
-  all-reduce): what a transfer left running past the step costs.
+  all-reduce): what a transfer left running past the step costs;
+* :attr:`~LinkModel.duplex_gain`, how many times faster a bulk exchange runs with its two
+  directions at once on two groups (``ExchangeConfig(duplex=True)``; gloo carries one
+  direction of a pair's connection at a time): the bandwidth of a duplex exchange.
 
 The time of one exchange in which the busiest rank sends or receives :math:`B` bytes over a
 group of :math:`P` ranks is :math:`\alpha (P - 1) + B / \beta` (gloo's all-to-all talks to
@@ -59,6 +62,10 @@ class LinkModel:
             throughput alone).
         source (str): How it was measured: ``"ping-pong"`` (:func:`~.calibrate.calibrate`) or
             ``"training"`` (:func:`~.fit.fit_link`, from the exchanges of a run).
+        duplex_gain (float): A bulk exchange's time as one collective over its time with
+            its two directions on two groups (:func:`~.calibrate.calibrate_duplex`; ``1.0``:
+            not measured, or nothing gained).  :meth:`duplexed` is the link a duplex
+            transport meets.
     """
     alpha: float
     beta: float
@@ -72,6 +79,7 @@ class LinkModel:
     contention: float = 0.0
     codec_row_seconds: float = 0.0
     queue_wait: float = 0.0
+    duplex_gain: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "codec_throughput"):
@@ -89,6 +97,10 @@ class LinkModel:
         if not self.queue_wait >= 0 or math.isinf(self.queue_wait):
             raise ValueError(f"LinkModel.queue_wait must be finite and >= 0, got "
                              f"{self.queue_wait}")
+        self.duplex_gain = float(self.duplex_gain)
+        if not self.duplex_gain > 0 or math.isinf(self.duplex_gain):
+            raise ValueError(f"LinkModel.duplex_gain must be positive and finite, got "
+                             f"{self.duplex_gain}")
         if not 0.0 <= self.contention < 1.0:
             raise ValueError(f"LinkModel.contention must be in [0, 1), got {self.contention}")
         if self.source not in ("ping-pong", "training"):
@@ -108,6 +120,16 @@ class LinkModel:
         if world_size <= 1:
             return 0.0
         return self.alpha * (world_size - 1) + float(bytes_per_rank) / self.beta
+
+    def duplexed(self) -> "LinkModel":
+        r"""The link as a duplex transport meets it: :attr:`beta` times
+        :attr:`duplex_gain` (the latency stays: the two collectives of an exchange start
+        together).
+
+        Returns:
+            LinkModel: A copy, its :attr:`duplex_gain` ``1.0``.
+        """
+        return replace(self, beta=self.beta * self.duplex_gain, duplex_gain=1.0)
 
     def limited_to(self, bits_per_second: float) -> "LinkModel":
         r"""This link with each rank's bandwidth capped at :obj:`bits_per_second` (a
@@ -223,6 +245,8 @@ class LinkModel:
         overlap = f", overlap costs {self.contention:.0%} of compute" if self.contention else ""
         if self.queue_wait:
             overlap += f", a collective queues {self.queue_wait * 1e3:.0f} ms behind a transfer"
+        if self.duplex_gain != 1.0:
+            overlap += f", both directions at once {self.duplex_gain:.2f}x faster"
         return (f"alpha {self.alpha * 1e6:.1f} us/peer, beta {self.beta / 1e9:.3f} GB/s{codec}"
                 f"{overlap} "
                 f"({self.backend}, {self.world_size} rank{'s' if self.world_size != 1 else ''}, "

@@ -161,7 +161,8 @@ class PredictionTracker:
                          [r for r in range(world) if r != rank],
                          getattr(engine, "timeout", None)):
                 link = calibrate(group, codec=codec, codec_rows=16384, codec_width=256,
-                                 contention=True, timeout=getattr(engine, "timeout", None))
+                                 contention=True, duplex=_duplex_group(engine),
+                                 timeout=getattr(engine, "timeout", None))
             router = getattr(engine, "router", None)
             if router is not None and not isinstance(router.link, LinkModel):
                 router.link = link  # aggregation="auto" decides on it: no second calibration
@@ -181,6 +182,18 @@ class PredictionTracker:
                                                           device=device)
                 link = replace(link, codec_throughput=throughput, codec_row_seconds=row_s,
                                codec=type(codec).__name__)
+        if isinstance(link, LinkModel) and link.duplex_gain == 1.0 and _duplex_group(engine):
+            # A link from a file measured without the engine's duplex transport: what both
+            # directions at once gain is measured here, on the engine's group (a config the
+            # same on every rank: all get here alike).
+            from .calibrate import calibrate_duplex
+            group = getattr(engine, "group", None)
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            with guarded("duplex calibration (CommunicationMonitor)", rank,
+                         [r for r in range(world) if r != rank],
+                         getattr(engine, "timeout", None)):
+                link = replace(link, duplex_gain=calibrate_duplex(
+                    group, timeout=getattr(engine, "timeout", None)))
         tracker = cls(engine, profile, link)
         if profile is None and tracker.recorder is None:
             warnings.warn("CommunicationMonitor: this engine's exchanges cannot be recorded; "
@@ -257,7 +270,7 @@ class PredictionTracker:
         calls = self.profile.calls(self.in_epoch["train"], self.in_epoch["eval"],
                                    self.offset["train"], self.offset["eval"])
         self._epoch_points = sorted({(call.key, call.direction) for call in calls})
-        model = CommunicationModel(self.profile, self.link)
+        model = CommunicationModel(self.profile, self.link_now())
         totals = model.rank_bytes(self.counts, calls)
         out = {"comm/predicted_sent_MB": totals.get("bytes_sent", 0) / 1e6,
                "comm/predicted_received_MB": totals.get("bytes_received", 0) / 1e6}
@@ -322,7 +335,8 @@ class PredictionTracker:
         """
         if self.link is None:
             return None
-        model = CommunicationModel(self.profile, self.link)
+        model = CommunicationModel(self.profile, self.link_now())
+        plain = CommunicationModel(self.profile, self.link)  # background: one collective
         counters = getattr(stats, "counters", {}) if stats is not None else {}
         rows: List[List[float]] = []
         background: List[int] = []
@@ -331,6 +345,7 @@ class PredictionTracker:
             exchange, codec = model.call_seconds(call, self.counts)
             c = counters.get((call.key, call.direction))
             if c is not None and c.background_waits:
+                exchange, codec = plain.call_seconds(call, self.counts)
                 background.append(len(rows))
                 windows.append(c.background_in_flight_seconds / c.background_waits)
                 rows.append([exchange, codec, 0.0, 0.0])
@@ -350,6 +365,14 @@ class PredictionTracker:
             for i in background:
                 rows[i][2] = rows[i][0] * exposed / total if total else 0.0
         return torch.tensor([v for row in rows for v in row], dtype=torch.float64)
+
+    def link_now(self) -> Optional[LinkModel]:
+        r"""The link the engine's exchanges meet now: :attr:`link`, at its
+        :attr:`~.link.LinkModel.duplex_gain` while the transport sends both directions at
+        once (:attr:`~lightning_fullgraph.engine.Transport.duplex`)."""
+        if self.link is not None and _duplex_now(self.engine):
+            return self.link.duplexed()
+        return self.link
 
     def _collectives_now(self) -> int:
         return int(getattr(getattr(self.engine, "stats", None), "collectives", 0))
@@ -455,6 +478,11 @@ class PredictionTracker:
                 else:
                     shortest = sum(-negated for *_, negated in slots)
                     seconds *= sum(spans) / shortest if shortest > 0 else 1.0
+            # Kept in one collective's time (what a duplex transport gained taken back out,
+            # the latency's share at the same factor): the fitted link is the group's, and
+            # :meth:`link_now` applies the gain where the exchanges split.
+            if _duplex_now(self.engine) and self.link is not None:
+                seconds *= self.link.duplex_gain
             self.observed.append((int(calls), int(nbytes), seconds))
         try:
             transport = getattr(self.engine, "transport", None)
@@ -469,3 +497,13 @@ class PredictionTracker:
         if self.recorder is not None:
             self.recorder.remove()
             self.recorder = None
+
+
+def _duplex_group(engine: Any) -> bool:
+    r"""Whether :obj:`engine`'s transport has a duplex group (it may be set aside now)."""
+    return getattr(getattr(engine, "transport", None), "duplex_group", None) is not None
+
+
+def _duplex_now(engine: Any) -> bool:
+    r"""Whether :obj:`engine`'s exchanges now send both directions at once."""
+    return bool(getattr(getattr(engine, "transport", None), "duplex", False))
