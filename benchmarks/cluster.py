@@ -288,6 +288,7 @@ def summarize(summary: Dict[str, Any], model: str, config: str, rate: str, nodes
                 predicted_link_s=summary.get("predicted_step_link_seconds"),
                 link_contention=summary.get("link_contention"),
                 link_queue_wait=summary.get("link_queue_wait_seconds"),
+                link_duplex_gain=summary.get("link_duplex_gain"),
                 step_collectives=summary.get("train_step_collectives"),
                 sent_MB=summary["comm_MB_per_epoch_per_rank"],
                 test_acc=summary["test_acc"], val_trace=summary["val_trace"],

@@ -717,6 +717,7 @@ def _train(args) -> int:
         "predicted_step_link_seconds": last.get("comm/predicted_step_link_s"),
         "link_contention": last.get("comm/link_contention"),
         "link_queue_wait_seconds": last.get("comm/link_queue_wait_s"),
+        "link_duplex_gain": last.get("comm/link_duplex_gain"),
         "train_step_collectives": last.get("comm/step_collectives"),
         "compute_s_per_epoch": comm.get("comm/compute_s"),
     }

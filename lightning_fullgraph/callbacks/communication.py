@@ -81,11 +81,12 @@ class CommunicationMonitor(Callback):
     link's :attr:`~lightning_fullgraph.planner.LinkModel.contention`: compute lost while
     transfers are in flight), ``comm/link_queue_wait_s`` (its
     :attr:`~lightning_fullgraph.planner.LinkModel.queue_wait`: what a collective waits behind
-    a transfer still in flight) and ``comm/step_collectives`` (the synchronous collectives
-    outside the exchange per training step, which wait so behind the pipeline's): with the
-    step's
-    compute (``comm/step_compute_s``, the training step without its blocked exchanges,
-    measured), they are the planner's step time
+    a transfer still in flight), ``comm/link_duplex_gain`` (its
+    :attr:`~lightning_fullgraph.planner.LinkModel.duplex_gain`, at which a duplex transport's
+    exchanges are predicted while it splits them) and ``comm/step_collectives`` (the
+    synchronous collectives outside the exchange per training step, which wait so behind the
+    pipeline's): with the step's compute (``comm/step_compute_s``, the training step without
+    its blocked exchanges, measured), they are the planner's step time
     (:func:`~lightning_fullgraph.planner.predicted_step_seconds`).  The
     exchange calls come from :obj:`profile` (:func:`~lightning_fullgraph.planner.profile_model`
     of the model before fit) or, without one, are recorded from the run's own steps (no
@@ -351,6 +352,7 @@ class CommunicationMonitor(Callback):
             # The same on every rank (calibrated from all-reduced times, or read from a file).
             metrics["comm/link_contention"] = self.predictor.link.contention
             metrics["comm/link_queue_wait_s"] = self.predictor.link.queue_wait
+            metrics["comm/link_duplex_gain"] = self.predictor.link.duplex_gain
             # Counted alike on every rank (the same collectives run everywhere).
             metrics["comm/step_collectives"] = self.predictor.step_collectives()
         if observed is not None:

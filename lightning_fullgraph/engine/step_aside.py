@@ -25,6 +25,13 @@ the link time it saves (on the emulated cluster, whose machines are CPU quotas t
 OpenMP's spinning threads as work, hybrid with int2-compact took 1.10-1.14x the step of post
 with it; 1.04x with ``OMP_WAIT_POLICY=PASSIVE``).
 
+Sending each exchange's two directions at once on two groups (``ExchangeConfig(duplex=True)``)
+is tried too, as a stage named ``"duplex"``: left out, each exchange is one collective again.
+It is exact either way; it pays where the exchange is bandwidth-bound (on the emulated
+cluster exact post's GraphSAGE step took 0.86x with it, and step aside kept it) and costs a
+second collective where it is latency-bound (GCN's step there: 1.02x with it; step aside left
+it out).
+
 Arms with a stage removed are exact in that stage, so a trial never trains less exactly
 than the configured policy (an aggregation of an unchanged input that the static-input cache
 kept, computed once under the codec, stays as it was computed).  The decision is a function

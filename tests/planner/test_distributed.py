@@ -271,6 +271,9 @@ def test_predicted_bytes_equal_measured_bytes(world_size, tmp_path):
         calibrated = [r["monitored"]["profiled"]["epochs"][-1]["comm/link_contention"]
                       for r in results]
         assert calibrated == [calibrated[0]] * len(results) and 0.0 <= calibrated[0] < 1.0
+        # No duplex transport: no gain measured, none applied (tests/planner/test_duplex.py).
+        assert logged["comm/link_duplex_gain"] == 1.0
+        assert results[0]["monitored"]["profiled"]["epochs"][-1]["comm/link_duplex_gain"] == 1.0
         # The link fitted to the run: none from the first epoch (one-time exchanges), then
         # the same on every rank (fitted from reduced values only), logged and saved.
         first = results[0]["monitored"][name]["epochs"][0]
