@@ -419,8 +419,10 @@ def calibrate_duplex(group: Optional[Any] = None, *, nbytes: int = 1 << 25, repe
     times, each from a barrier; each way counts the mean over repetitions of the slowest
     rank's time (all-reduced: the same on every rank), because the step waits for the rank
     that leaves the exchange last, and with one direction at a time the ranks leave it far
-    apart (on four emulated two-core machines at 32 MiB a rank, the fastest rank's times
-    gained 1.07x, the slowest rank's 1.27x at 64 MiB; a training exchange blocked 0.79x).  The second group is made here over the same ranks and given back
+    apart: on four emulated two-core machines at 32 MiB a rank, the fastest rank's times
+    gained 1.06-1.07x, the slowest rank's 1.20-1.25x, and exact post's training exchanges
+    blocked 0.79-0.82x as long with duplex (``python -m benchmarks cluster``'s duplex rows,
+    docs/benchmarks.md).  The second group is made here over the same ranks and given back
     after.  ``1.0`` for one rank or another backend than gloo (NCCL moves both directions
     at once already).
 

@@ -106,7 +106,7 @@ def test_results_json_format():
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", entry["measured"]), key
         assert entry["command"].startswith(("python -m benchmarks ", "sudo python -m benchmarks ")), key
         assert all(len(row) == len(entry["columns"]) for row in entry["rows"]), key
-    for topic in ("cluster-sage", "cluster-sage3", "cluster-gcn", "aggregation-rows", "planner",
+    for topic in ("cluster-sage", "cluster-duplex", "cluster-gcn", "aggregation-rows", "planner",
                   "quantization-cora", "stale_halos-cora", "kernels", "cora_accuracy",
                   "fourd-synthetic", "fullgraph"):
         assert topic in doc, topic
