@@ -83,6 +83,21 @@ def add_out_argument(parser: argparse.ArgumentParser, *, file_ok: bool = False) 
                              "~/.cache/lightning-fullgraph/benchmarks")
 
 
+def add_cluster_arguments(parser: argparse.ArgumentParser, *, node_cores: int) -> None:
+    """The options of a topic that runs on emulated clusters (:func:`cluster_worker_json`):
+    ``--nodes``, ``--rates``, ``--node-cores`` (default :obj:`node_cores`), ``--repeats``,
+    ``--json-out`` and ``--out``."""
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--rates", nargs="+", default=["1gbit"],
+                        help="link rates, e.g. 1gbit 10gbit")
+    parser.add_argument("--node-cores", type=int, default=node_cores,
+                        help=f"cores of each emulated machine (as benchmarks cluster; default "
+                             f"{node_cores})")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json-out", default=None)
+    add_out_argument(parser)
+
+
 def write_result(topic: str, result: Any, out: Optional[os.PathLike] = None,
                  path: Optional[os.PathLike] = None, indent: int = 1) -> Path:
     """Writes ``result`` as JSON to ``path`` (or :func:`result_path`) and says where on stderr

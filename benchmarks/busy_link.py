@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from ._common import add_out_argument, cluster_worker_json, write_rows
+from ._common import add_cluster_arguments, cluster_worker_json, write_rows
 
 
 def worker() -> None:
@@ -98,17 +98,11 @@ def table(rows: List[Dict[str, float]]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--rates", nargs="+", default=["1gbit"], help="link rates, e.g. 1gbit 10gbit")
-    p.add_argument("--node-cores", type=int, default=4,
-                   help="cores of each emulated machine (as benchmarks cluster; default 4)")
+    add_cluster_arguments(p, node_cores=4)
     p.add_argument("--grad-mb", type=float, default=0.8,
                    help="megabytes all-reduced (default 0.8: a 3-layer, 256-wide GraphSAGE)")
     p.add_argument("--bulk-s", type=float, default=3.0,
                    help="seconds of link time the bulk transfer takes (dilated; default 3)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json-out", default=None)
-    add_out_argument(p)
     opts = p.parse_args(argv)
     from lightning_fullgraph.cluster import EmulatedCluster, parse_rate
     rows = []

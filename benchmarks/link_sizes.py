@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from ._common import add_out_argument, cluster_worker_json, write_rows
+from ._common import add_cluster_arguments, cluster_worker_json, write_rows
 
 #: The sweep of :func:`~lightning_fullgraph.planner.calibrate` before its bulk size.
 SHORT_SWEEP = (0, 1 << 16, 1 << 20, 1 << 23)
@@ -48,6 +48,7 @@ def worker() -> None:
     median; the two calibrations' bandwidths and durations)."""
     import torch
     import torch.distributed as dist
+    from lightning_fullgraph.engine.transport import _both_directions
     from lightning_fullgraph.planner import calibrate
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -68,25 +69,14 @@ def worker() -> None:
             if i:
                 times.append(time.perf_counter() - t0)
         seconds.append(statistics.median(times))
-    # The largest size again, its two directions on two groups at once: to higher ranks on
-    # the world, to lower ones on a group of its own (each pair then carries one direction).
+    # The largest size again, its two directions on two groups at once, as the transport
+    # sends them with duplex on (each pair then carries one direction on each group).
     other = dist.new_group(backend="gloo")
-    per_peer = sizes[-1] // 4 // (world - 1)
-    send = torch.ones(per_peer * (world - 1))
-    recv = torch.empty_like(send)
-    low = per_peer * rank  # rows to and from the lower ranks come first
-    up = [per_peer if r > rank else 0 for r in range(world)]
-    down = [per_peer if r < rank else 0 for r in range(world)]
     times = []
     for i in range(repeats + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        a = dist.all_to_all_single(recv[:low], send[low:], output_split_sizes=down,
-                                   input_split_sizes=up, async_op=True)
-        b = dist.all_to_all_single(recv[low:], send[:low], output_split_sizes=up,
-                                   input_split_sizes=down, group=other, async_op=True)
-        a.wait()
-        b.wait()
+        _both_directions(recv, send, splits, splits, rank, None, other).wait()
         if i:
             times.append(time.perf_counter() - t0)
     seconds.append(statistics.median(times))
@@ -127,16 +117,10 @@ def table(rows: List[Dict[str, object]]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--rates", nargs="+", default=["1gbit"], help="link rates, e.g. 1gbit 10gbit")
-    p.add_argument("--node-cores", type=int, default=2,
-                   help="cores of each emulated machine (as benchmarks cluster; default 2)")
+    add_cluster_arguments(p, node_cores=2)
     p.add_argument("--sizes", type=int, nargs="+",
                    default=[1 << 20, 1 << 23, 1 << 25, 1 << 26],
                    help="bytes a rank sends per exchange (default: 1, 8, 32 and 64 MiB)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json-out", default=None)
-    add_out_argument(p)
     opts = p.parse_args(argv)
     from lightning_fullgraph.cluster import EmulatedCluster, parse_rate
     rows = []
