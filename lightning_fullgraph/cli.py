@@ -394,6 +394,11 @@ def _add_plan_parser(sub) -> None:
                    help="each machine's network link, as tc writes rates ('1gbit', '100mbit', "
                         "'125mbps' for bytes): caps the bandwidth of the measured (or --link) "
                         "model at it, the latency stays measured")
+    q.add_argument("--duplex", action="store_true",
+                   help="predict exchanges that send their two directions at once on two "
+                        "groups ('train --duplex'), at the duplex gain measured on the "
+                        "cluster: needs a --link file that holds one ('train --duplex --link "
+                        "calibrate --save-link FILE.json' writes it)")
     q.add_argument("--calibration-processes", type=int, default=2,
                    help="local gloo processes the latency/bandwidth are measured on "
                         "(default: 2)")
@@ -432,6 +437,11 @@ def _plan(args) -> int:
             raise ValueError("--link-rate caps a link model's bandwidth; --link none predicts "
                              "no times: drop one of them")
         rate = parse_rate(args.link_rate)
+    if args.duplex and (not args.link or args.link.lower() == "none"):
+        raise ValueError("--duplex predicts at the duplex gain measured on the cluster: pass "
+                         "--link FILE.json with one (written by 'train --duplex --link "
+                         "calibrate --save-link FILE.json' there); two processes on this "
+                         "machine's loopback measure nothing a network link gains")
     bad = [p for p in args.parts if p % args.hosts]
     if bad:
         raise ValueError(f"--hosts {args.hosts} must divide every --parts value; "
@@ -461,11 +471,22 @@ def _plan(args) -> int:
         say(f"link capped at {args.link_rate}: {link.describe()}")
     if link is not None and args.save_link:
         link.save(args.save_link)
+    if args.duplex:
+        if link.duplex_gain == 1.0:
+            raise ValueError(f"--duplex: the link in {args.link} holds no duplex gain; write "
+                             "one with 'train --duplex --link calibrate --save-link "
+                             "FILE.json' on the cluster (or planner.calibrate(duplex=True))")
+        gain, link = link.duplex_gain, link.duplexed()
+        if rate is not None:  # both directions at once still move at most the rate each way
+            link = link.limited_to(rate)
+        say(f"both directions at once, {gain:.2f}x the bandwidth: {link.describe()}")
     result = plan_sweep(data, args.parts, dataset=args.dataset, model=args.model,
                         hidden=args.hidden, layers=args.layers, dropout=args.dropout,
                         modes=modes, hosts=args.hosts, link=link, cache_dir=args.cache_dir,
                         seed=args.seed, codec=args.codec, objective=args.objective,
                         progress=say)
+    if args.duplex:
+        result["duplex_gain"] = gain  # the link in the result is the duplexed one
     if args.plot:
         from .planner.plot import plot_sweep
         result["plot"] = str(plot_sweep(result, args.plot))

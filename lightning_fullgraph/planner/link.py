@@ -131,6 +131,25 @@ class LinkModel:
         """
         return replace(self, beta=self.beta * self.duplex_gain, duplex_gain=1.0)
 
+    def one_collective_seconds(self, seconds: float, exchanges: int, world_size: int) -> float:
+        r"""What :obj:`exchanges` exchanges that took :obj:`seconds` with their two
+        directions on two groups (:meth:`duplexed`) would take as one collective each: the
+        inverse of :meth:`duplexed` for times observed (a link fitted to a duplex run is
+        kept in one collective's time).  Their latency, :math:`\alpha (P - 1)` each, stays;
+        the rest takes :attr:`duplex_gain` times longer.
+
+        Args:
+            seconds (float): Observed seconds, the exchanges together.
+            exchanges (int): How many exchanges they are.
+            world_size (int): Ranks taking part.
+
+        Returns:
+            float: At least :obj:`seconds` (:obj:`seconds` where the gain is ``1.0``).
+        """
+        seconds = float(seconds)
+        latency = min(seconds, exchanges * self.alpha * max(int(world_size) - 1, 0))
+        return latency + (seconds - latency) * self.duplex_gain
+
     def limited_to(self, bits_per_second: float) -> "LinkModel":
         r"""This link with each rank's bandwidth capped at :obj:`bits_per_second` (a
         machine's network link, e.g. ``1e9``; its latency stays the measured one).

@@ -164,7 +164,9 @@ def format_sweep(result: Dict[str, Any]) -> str:
              f"epoch = {result['epoch']}"]
     link = result.get("link")
     if link is not None:
-        lines.append("link: " + LinkModel.from_dict(link).describe())
+        lines.append("link: " + LinkModel.from_dict(link).describe()
+                     + (f", both directions at once ({result['duplex_gain']:.2f}x the "
+                        "bandwidth of one collective)" if result.get("duplex_gain") else ""))
     else:
         lines.append("link: none (no times predicted)")
     inter = result.get("hosts", 1) > 1

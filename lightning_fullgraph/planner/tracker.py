@@ -478,11 +478,12 @@ class PredictionTracker:
                 else:
                     shortest = sum(-negated for *_, negated in slots)
                     seconds *= sum(spans) / shortest if shortest > 0 else 1.0
-            # Kept in one collective's time (what a duplex transport gained taken back out,
-            # the latency's share at the same factor): the fitted link is the group's, and
-            # :meth:`link_now` applies the gain where the exchanges split.
+            # Kept in one collective's time (what a duplex transport gained taken back out
+            # of the bytes' share; the latency it did not shorten): the fitted link is the
+            # group's, and :meth:`link_now` applies the gain where the exchanges split.
             if _duplex_now(self.engine) and self.link is not None:
-                seconds *= self.link.duplex_gain
+                seconds = self.link.one_collective_seconds(seconds, int(calls),
+                                                           self.counts.world_size)
             self.observed.append((int(calls), int(nbytes), seconds))
         try:
             transport = getattr(self.engine, "transport", None)

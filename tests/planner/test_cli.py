@@ -121,3 +121,35 @@ def test_link_rate_is_checked_first(capsys, cache_dir):
     assert main(["plan", "--parts", "2", "--link", "none", "--link-rate", "1gbit",
                  "--cache-dir", cache_dir]) == 2
     assert "drop one of them" in capsys.readouterr()[1]
+
+
+def test_duplex_predicts_at_the_measured_gain(capsys, tmp_path, cache_dir):
+    # A link measured on a cluster with its duplex gain: the exchanges predicted at 1.6x the
+    # bandwidth (the latency kept), capped at the rate each way; the bytes unchanged.
+    path = tmp_path / "duplex.json"
+    LinkModel(alpha=5e-5, beta=1e8, world_size=2, backend="gloo", duplex_gain=1.6).save(path)
+    args = ["plan", "--dataset", "cora", "--parts", "2", "--aggregation", "post", "--json",
+            "--link", str(path), "--cache-dir", cache_dir]
+    assert main(args) == 0
+    one = json.loads(capsys.readouterr()[0])
+    assert main(args + ["--duplex"]) == 0
+    out, err = capsys.readouterr()
+    both = json.loads(out)
+    assert "both directions at once, 1.60x the bandwidth" in err
+    assert both["duplex_gain"] == 1.6 and both["link"]["beta"] == pytest.approx(1.6e8)
+    assert both["link"]["alpha"] == 5e-5
+    post_one, post_both = one["results"][0]["modes"]["post"], both["results"][0]["modes"]["post"]
+    assert post_both["bytes_per_epoch_max"] == post_one["bytes_per_epoch_max"]
+    assert post_both["exchange_seconds"] < post_one["exchange_seconds"]
+    assert main(args + ["--duplex", "--link-rate", "1gbit"]) == 0
+    assert json.loads(capsys.readouterr()[0])["link"]["beta"] == 1.25e8  # at most the rate
+    assert main(args[:-5] + ["--cache-dir", cache_dir, "--link", str(path), "--duplex"]) == 0
+    assert "both directions at once (1.60x" in capsys.readouterr()[0]  # the table says so
+
+
+def test_duplex_needs_a_measured_gain(capsys, link_file, cache_dir):
+    assert main(["plan", "--parts", "2", "--duplex", "--cache-dir", cache_dir]) == 2
+    assert "pass --link FILE.json" in capsys.readouterr()[1]  # refused before calibrating
+    assert main(["plan", "--parts", "2", "--duplex", "--link", link_file,
+                 "--cache-dir", cache_dir]) == 2
+    assert "holds no duplex gain" in capsys.readouterr()[1]

@@ -32,6 +32,26 @@ def test_duplex_gain_scales_the_bandwidth_of_a_duplex_link():
     assert fitted.duplex_gain == 1.6
 
 
+def test_a_duplex_run_is_observed_back_in_one_collectives_time():
+    link = LinkModel(alpha=1e-4, beta=1e8, world_size=4, duplex_gain=1.6)
+    both = link.duplexed()
+    # The inverse of duplexed(): ten exchanges of 4 MB each, as a duplex transport takes them.
+    observed = 10 * both.exchange_seconds(4e6, 4)
+    assert link.one_collective_seconds(observed, 10, 4) == pytest.approx(
+        10 * link.exchange_seconds(4e6, 4))
+    # The latency is not gained back: exchanges of no bytes take as long either way, and
+    # ones faster than the latency alone are left as they are.
+    assert link.one_collective_seconds(10 * 3e-4, 10, 4) == pytest.approx(10 * 3e-4)
+    assert link.one_collective_seconds(1e-4, 10, 4) == pytest.approx(1e-4)
+    assert LinkModel(alpha=1e-4, beta=1e8).one_collective_seconds(0.5, 10, 4) == 0.5
+    # Fitted to the observations so restored, the link is the one they were priced on.
+    rows = [(10, 10 * n, link.one_collective_seconds(10 * both.exchange_seconds(n, 4), 10, 4))
+            for n in (1e5, 1e6, 4e6, 16e6)]
+    fitted = fit_link(rows, 4, prior=link)
+    assert fitted.alpha == pytest.approx(link.alpha, rel=1e-3)
+    assert fitted.beta == pytest.approx(link.beta, rel=1e-3)
+
+
 def test_one_process_gains_nothing():
     assert calibrate_duplex() == 1.0
     assert calibrate(sizes=(0, 1 << 10), repeats=1, warmup=0, codec_rows=8,
