@@ -1,11 +1,14 @@
 """How many collectives a steady-state training step makes, per aggregation mode and option:
-the table of docs/reductions.md ("Collectives per training step"), checked.
+the tables of the README and of docs/reductions.md ("Collectives per training step"), checked.
 
 A 2-layer PyG model on 2 ranks (the raw input's aggregation is kept after the first step, so a
 step exchanges the hidden layer's rows: one exchange point, forward and backward), a plain
 ``loss.backward()`` and an optimizer step; collectives are counted on this process with
 :func:`lightning_fullgraph.testing.count_collectives`.
 """
+import re
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +17,8 @@ from lightning_fullgraph.engine import ExchangeConfig, FullGraphEngine, HaloCach
 from lightning_fullgraph.testing import count_collectives, run_distributed
 
 from .models import rank_partition
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Per configuration: collectives of one steady-state step, by kind.  ``exchange``:
 #: ``all_to_all_single`` of rows, partial aggregates or cache masks; ``control``: the small
@@ -103,3 +108,32 @@ def test_collectives_per_training_step_match_the_table():
         counts, log = results[0][key]
         assert counts == expected, (key, counts, log)
         assert results[1][key][0] == counts  # every rank makes the same collectives
+
+
+#: A configuration as the tables write it: a mode, then options joined by "+".
+_CONFIG = re.compile(r"`((?:post|pre|hybrid)(?:\+[a-z0-9]+)*)`")
+_MODELS = {"GCN": "gcn", "GraphSAGE": "sage"}
+
+
+def _table(text):
+    r"""``{(model, config): counts}`` of the table headed ``model | ExchangeConfig | ...``."""
+    rows = {}
+    lines = text.split("\n")
+    head = next(i for i, line in enumerate(lines) if line.startswith("| model | `ExchangeConfig`"))
+    for line in lines[head + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        counts = [int(re.match(r"\d+", c).group()) for c in cells[2:5]]
+        for config in _CONFIG.findall(cells[1]):
+            key = (_MODELS[cells[0]], config)
+            assert key not in rows, f"{key} twice in the table"
+            rows[key] = dict(zip(("exchange", "control", "gradients"), counts))
+    return rows
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/reductions.md"])
+def test_the_tables_say_what_the_count_finds(page):
+    # The count above checks EXPECTED against the collectives a step makes; this checks that
+    # the tables users read are EXPECTED, every configuration in it and nothing else.
+    assert _table((ROOT / page).read_text()) == EXPECTED
