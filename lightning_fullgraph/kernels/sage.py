@@ -12,7 +12,9 @@ aggregating them (:mod:`.sage_reorder`).
 
 In a distributed layer whose halo exchange overlaps (:mod:`.split`), the root term
 ``x_r @ W_r^T`` is computed while the halo is in flight instead, and added to ``lin_l``'s
-output as PyG adds it (its backward then runs while the halo's gradients travel back).
+output as PyG adds it (its backward then runs while the halo's gradients travel back), and
+``lin_l``'s weight gradient is computed while they travel too (:mod:`.deferred_weight`),
+unless a hook would see ``lin_l`` called.
 
 The layer's own forward runs instead whenever that could differ from what PyG does: a
 subclass with its own forward, ``root_weight=False``, a biased or replaced ``lin_r``, hooks
@@ -28,6 +30,7 @@ from torch import Tensor
 
 from .. import compat
 from . import sage_reorder, split
+from .deferred_weight import DeferredWeightGrad
 
 __all__ = ["fusable", "fused_forward"]
 
@@ -57,6 +60,17 @@ def _root(layer: Any, x: Any, ignore: Tuple[Callable, ...]) -> Optional[Tensor]:
     return x_r
 
 
+def _deferred_weight_grad(lin: Any, ignore: Tuple[Callable, ...]) -> Optional[DeferredWeightGrad]:
+    r"""A request that a split aggregation's map defer its weight gradient, where the map's
+    weight is a parameter that needs one and nothing would see the map called."""
+    w = getattr(lin, "weight", None)
+    if (not torch.is_grad_enabled() or not isinstance(w, torch.nn.Parameter)
+            or isinstance(w, torch.nn.parameter.UninitializedTensorMixin)
+            or not w.requires_grad or w.dim() != 2 or compat.call_is_observed(lin, ignore)):
+        return None
+    return DeferredWeightGrad(w)
+
+
 def fused_forward(layer: Any, original: Callable, ignore: Tuple[Callable, ...] = ()) -> Callable:
     r"""A ``forward`` for :obj:`layer` (:func:`fusable`) that adds the root term with one
     accumulating product; otherwise it calls :obj:`original`.
@@ -82,7 +96,13 @@ def fused_forward(layer: Any, original: Callable, ignore: Tuple[Callable, ...] =
         with split.while_in_flight(root):
             out = sage_reorder.mapped_first(layer, xs, edge_index, size, ignore)
             if out is None:  # PyG's order: aggregate, then map
-                out = layer.lin_l(layer.propagate(edge_index, x=xs, size=size))
+                deferred = _deferred_weight_grad(layer.lin_l, ignore)
+                with split.deferring(deferred):
+                    agg = layer.propagate(edge_index, x=xs, size=size)
+                out = deferred.linear(agg, layer.lin_l.bias) if deferred is not None \
+                    and deferred.started else None
+                if out is None:
+                    out = layer.lin_l(agg)
         if root.ran:
             fresh = (out.shape == root.result.shape and out.dtype == root.result.dtype
                      and out._base is None and out.is_contiguous()

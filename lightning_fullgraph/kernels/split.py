@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from .deferred_weight import DeferredWeightGrad
+
 __all__ = ["SplitRows", "accepting_split", "split_accepted", "aggregate_split", "InFlight",
-           "while_in_flight"]
+           "while_in_flight", "deferring"]
 
 _state = threading.local()
 
@@ -120,6 +123,20 @@ def while_in_flight(work: InFlight) -> Iterator[InFlight]:
         _state.in_flight = previous
 
 
+@contextmanager
+def deferring(weight_grad: Optional["DeferredWeightGrad"]) -> Iterator[None]:
+    r"""While active, the first :func:`aggregate_split` starts :obj:`weight_grad`
+    (:meth:`~.deferred_weight.DeferredWeightGrad.start`) after its in-flight work, before it
+    waits for the halo: the map applied to its output then gets its weight's gradient while
+    the halo's gradients travel back.  Where no split aggregation runs it is not started."""
+    previous = getattr(_state, "deferred", None)
+    _state.deferred = weight_grad
+    try:
+        yield
+    finally:
+        _state.deferred = previous
+
+
 def split_accepted() -> bool:
     r"""Whether the caller will aggregate a :class:`SplitRows` source (consumed once)."""
     accepted = getattr(_state, "accepted", False)
@@ -159,6 +176,10 @@ def aggregate_split(src: SplitRows, edge_index: Tensor, weight: Optional[Tensor]
     if work is not None:  # the caller's halo-free work, while the halo is still in flight
         _state.in_flight = None
         work.run()
+    deferred = getattr(_state, "deferred", None)
+    if deferred is not None:  # created before the halo's receive: its backward runs after
+        _state.deferred = None
+        deferred.start()
     halo = src.halo().to(src.local.dtype)
     # Also without halo edges: the halo must stay in the autograd graph, whose backward
     # runs the gradients' exchange that every rank takes part in.  In place: the sum's

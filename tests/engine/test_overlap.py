@@ -22,6 +22,8 @@ EPOCHS = 4
 
 
 def _model(kind, in_channels, out_channels):
+    if kind == "sage3":  # its middle layer maps 16 -> 16 after aggregating an input with grad
+        return GraphSAGE(in_channels, 16, 3, out_channels)
     return {"gcn": GCN, "gin": GIN, "sage": GraphSAGE}[kind](in_channels, 16, 2, out_channels)
 
 
@@ -95,6 +97,15 @@ def _run(rank, world_size, kind, aggregation, sampling=None):
         return self.result
 
     split_module.InFlight.run = noted_run
+    from lightning_fullgraph.kernels import deferred_weight
+
+    sink = deferred_weight._WeightSink.backward
+
+    def noted_sink(ctx, grad):  # lin_l's weight gradient, deferred past the transfer's start
+        events.append(("weight backward", None))
+        return sink(ctx, grad)
+
+    deferred_weight._WeightSink.backward = staticmethod(noted_sink)
     data, part = rank_partition(rank, world_size)
     torch.manual_seed(1)
     ref = _model(kind, data.num_features, 4)
@@ -136,24 +147,35 @@ def _run(rank, world_size, kind, aggregation, sampling=None):
         logits_error=float((on["logits"] - single_logits[owned]).abs().max()))
 
 
-@pytest.mark.parametrize("kind", ["gcn", "gin", "sage"])
+@pytest.mark.parametrize("kind", ["gcn", "gin", "sage", "sage3"])
 @pytest.mark.parametrize("aggregation", ["post", "hybrid"])
 def test_overlap_is_exact_and_sends_the_same(kind, aggregation):
     for r in run_distributed(_run, 2, kind, aggregation):
         assert r["calls_off"] == 0
-        # Two layers, four epochs: every aggregation ran split (SAGE's means too).
-        assert r["calls_on"] == 2 * EPOCHS
+        # Two layers (three), four epochs: every aggregation ran split (SAGE's means too).
+        assert r["calls_on"] == (3 if kind == "sage3" else 2) * EPOCHS
         # Backward: the halo gradients of every layer whose rows need a gradient (not the
         # first of GIN and SAGE, whose input is the features) start back to their owners, an
         # owned-source sum's backward runs, then they complete.
         events = r["events_on"]
         backward = [i for i, e in enumerate(events) if e[1] == "backward"]
-        layers = 2 if kind == "gcn" else 1  # GCN transforms before it aggregates
+        layers = 1 if kind in ("gin", "sage") else 2  # GCN transforms before it aggregates
         assert len(backward) == 2 * layers * EPOCHS
-        for s, c in zip(backward[::2], backward[1::2]):
+        pairs = list(zip(backward[::2], backward[1::2]))
+        for s, c in pairs:
             assert events[s] == ("start", "backward") and events[c] == ("complete", "backward")
             assert ("sum backward", None) in events[s + 1:c]
-        if kind == "sage":
+        weights = [e for e in events if e[0] == "weight backward"]
+        if kind == "sage3":
+            # The middle layer's lin_l weight gradient ran while its halo gradients travelled
+            # (the last layer narrows: it maps first, nothing after its aggregation to defer;
+            # the first layer's input has no halo gradients, its deferred one runs anyway).
+            assert len(weights) == 2 * EPOCHS
+            assert sum(events[s + 1:c].count(("weight backward", None))
+                       for s, c in pairs) == EPOCHS, events
+        else:  # the last layer narrows; GCN and GIN map before they aggregate
+            assert len(weights) == (EPOCHS if kind == "sage" else 0)
+        if kind in ("sage", "sage3"):
             # SAGEConv's root term x_r @ W_r^T ran while each forward halo was in flight, and
             # its backward while the halo gradients travelled back.
             for direction, noted in (("forward", "in flight"), ("backward", "in-flight backward")):
