@@ -184,3 +184,37 @@ def test_the_readme_example_runs(tmp_path):
     out = run_script(prelude + code + "\nprint('FINISHED', trainer.state.finished)\n",
                      tmp_path, "readme_example")
     assert "FINISHED True" in out
+
+
+def _layout_sections():
+    r"""``{package directory: text}`` of the layout page's tree (``""``: the top level)."""
+    text = (DOCS / "layout.md").read_text()
+    block = text.split("```\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert block[0] == "lightning_fullgraph/"
+    sections, parent, current = {}, "", ""
+    for line in block[1:]:
+        if not line.startswith(" "):
+            break  # csrc/, examples/, ...: outside the package
+        m = re.match(r"^( {2,4})([a-z_]+)/\s", line)
+        if m:
+            nested = len(m.group(1)) == 4
+            current = f"{parent}/{m.group(2)}" if nested else m.group(2)
+            parent = parent if nested else m.group(2)
+        elif not line.startswith(" " * 5):
+            current = parent = ""  # the package's own modules
+        sections[current] = sections.get(current, "") + " " + line
+    return sections
+
+
+def test_the_layout_page_names_every_module():
+    sections = _layout_sections()
+    package = ROOT / "lightning_fullgraph"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        where = path.parent.relative_to(package).as_posix()
+        where = "" if where == "." else where
+        if not re.search(rf"(?<![\w.]){re.escape(path.name)}\b", sections.get(where, "")):
+            missing.append(path.relative_to(package).as_posix())
+    assert not missing, f"docs/layout.md does not name {missing}"
