@@ -14,7 +14,10 @@ A layer may hand the next split aggregation more work that does not need the hal
 (:func:`while_in_flight`: ``SAGEConv``'s root term ``x_r @ W_r^T``): it runs after the owned
 part, before the wait, so the exchange also hides a dense product, not only the owned sum.
 Created between the transfer's start and its completion, its backward also runs while the
-halo's gradients travel back (the autograd engine runs the nodes created later first).
+halo's gradients travel back (the autograd engine runs the nodes created later first).  The
+same holds for the weight gradient of the map a layer applies to the aggregation
+(:func:`deferring`, :mod:`.deferred_weight`: ``SAGEConv``'s ``lin_l``), whose node is made
+here, before the halo's receive.
 
 The split graph (edges with owned sources, edges with halo sources renumbered from 0) is
 built once per graph and cached with the CSR structures (:func:`~.csr.get_split_csr`).

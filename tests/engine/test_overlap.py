@@ -40,7 +40,7 @@ def _train(model, data, backward):
     return losses, out.detach()
 
 
-def _run(rank, world_size, kind, aggregation, sampling=None):
+def _run(rank, world_size, kind, aggregation, sampling=None, hook_lin_l=False):
     import lightning_fullgraph.kernels.pyg as kernel_pyg
 
     calls = [0]
@@ -117,11 +117,14 @@ def _run(rank, world_size, kind, aggregation, sampling=None):
                                   step_aside=False)
         engine = FullGraphEngine(part, exchange=exchange, cache_static=False)
         model = copy.deepcopy(ref)
+        hooked = []
+        if hook_lin_l:  # a user's hook sees the middle layer's lin_l called, every forward
+            model.convs[1].lin_l.register_forward_hook(lambda *_: hooked.append(1))
         engine.attach(model)
         engine.use_kernels("auto")
         losses, logits = _train(model, engine.data, engine.backward)
         total = engine.stats.total()
-        out[overlap] = dict(losses=losses, logits=logits, calls=calls[0],
+        out[overlap] = dict(losses=losses, logits=logits, calls=calls[0], hooked=len(hooked),
                             events=list(events),
                             params=[p.detach().clone() for p in model.parameters()],
                             bytes=total.bytes_sent + total.bytes_received)
@@ -138,6 +141,7 @@ def _run(rank, world_size, kind, aggregation, sampling=None):
     owned = part.owned_ids
     return dict(
         calls_on=on["calls"], calls_off=off["calls"], events_on=on["events"],
+        hooked_on=on["hooked"],
         bytes_on=on["bytes"], bytes_off=off["bytes"],
         loss_error=max(abs(a - b) for a, b in zip(on["losses"], off["losses"])),
         param_error=max(float((a - b).abs().max() / b.abs().max().clamp_min(1.0))
@@ -207,3 +211,13 @@ def test_boundary_sampling_overlaps_too(kind):
         assert forward.count(("start", "forward")) == 2 * EPOCHS
         assert r["bytes_on"] == r["bytes_off"]
         assert r["loss_error"] <= 1e-6 and r["param_error"] <= 1e-5
+
+
+def test_a_hook_on_lin_l_keeps_its_call():
+    # A forward hook on the middle layer's lin_l: the layer calls it (the hook sees every
+    # forward), so its weight gradient is not deferred; the first layer's still is.
+    for r in run_distributed(_run, 2, "sage3", "post", None, True):
+        assert r["hooked_on"] == EPOCHS
+        assert [e for e in r["events_on"] if e[0] == "weight backward"] == \
+            [("weight backward", None)] * EPOCHS
+        assert r["param_error"] <= 1e-5 and r["single_error"] <= 1e-5
