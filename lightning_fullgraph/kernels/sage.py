@@ -99,8 +99,8 @@ def fused_forward(layer: Any, original: Callable, ignore: Tuple[Callable, ...] =
                 deferred = _deferred_weight_grad(layer.lin_l, ignore)
                 with split.deferring(deferred):
                     agg = layer.propagate(edge_index, x=xs, size=size)
-                out = deferred.linear(agg, layer.lin_l.bias) if deferred is not None \
-                    and deferred.started else None
+                # None where no split aggregation started it (or agg is not its input).
+                out = deferred.linear(agg, layer.lin_l.bias) if deferred is not None else None
                 if out is None:
                     out = layer.lin_l(agg)
         if root.ran:
