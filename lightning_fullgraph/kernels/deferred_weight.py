@@ -53,8 +53,9 @@ class DeferredWeightGrad:
         self.token = _WeightSink.apply(self.weight, self)
 
     def linear(self, agg: Tensor, bias: Optional[Tensor]) -> Optional[Tensor]:
-        r"""``agg @ W^T + b``, or ``None`` where :obj:`agg` is not a matrix the weight maps
-        (the caller then calls the layer's map itself)."""
+        r"""``agg @ W^T + b``, or ``None`` where :meth:`start` did not run (no split
+        aggregation took the request) or :obj:`agg` is not a matrix the weight maps (the
+        caller then calls the layer's map itself)."""
         w = self.weight
         if (self.token is None or agg.dim() != 2 or agg.size(1) != w.size(1)
                 or agg.dtype != w.dtype or agg.device != w.device):
