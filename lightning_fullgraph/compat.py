@@ -25,7 +25,7 @@ __all__ = [
     "modules_binding", "has_forward_hooks", "pyg_gcn_norm", "route_gcn_norm",
     "unroute_gcn_norm", "gcn_norm_router", "add_gcn_norm_handler", "remove_gcn_norm_handler",
     "OBSERVING_HOOKS", "rows_observed",
-    "fabric_is_using_cli", "fabric_run_command", "signal_connector", "stage_data_sources",
+    "fabric_is_using_cli", "signal_connector", "stage_data_sources",
     "attach_datamodule", "collect_rng_states", "set_rng_states",
     "pymetis_extension_path", "pymetis_option_indices",
 ]
@@ -324,22 +324,6 @@ def unroute_gcn_norm(handler: Callable) -> None:
 def fabric_is_using_cli() -> bool:
     r"""Whether the process was started by ``fabric run`` (Lightning's launcher sets env vars)."""
     return bool(_internal("lightning", "lightning.fabric.connector", "_is_using_cli")())
-
-
-def fabric_run_command() -> Any:
-    r"""The click command behind ``fabric run`` (``lightning.fabric.cli._main``'s ``run``);
-    :obj:`None` when click, which Lightning does not require, is not installed."""
-    require("lightning")
-    try:
-        import click  # noqa: F401
-    except ImportError:
-        return None
-    from lightning.fabric import cli
-    group = getattr(cli, "_main", None)  # defined only when Lightning found click
-    command = group.commands.get("run") if group is not None else None
-    if command is None:
-        raise _missing("lightning", "the `run` command of lightning.fabric.cli._main")
-    return command
 
 
 def signal_connector(trainer: Any) -> Any:

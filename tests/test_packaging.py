@@ -107,7 +107,9 @@ def test_wheel_ships_the_kernel_sources_and_the_data(tmp_path):
     assert {f"lightning_fullgraph/kernels/csrc/{n}" for n in csrc} <= names
     assert not any(n.startswith("csrc/") for n in names)  # inside the package, not top-level
     assert "lightning_fullgraph/data/cora/raw/ind.cora.graph" in names
-    assert re.search(r"^lightning = lightning_fullgraph\.lightning_command:main$", entry_points, re.M)
+    assert re.search(r"^lightning-fullgraph = lightning_fullgraph\.cli:main$", entry_points, re.M)
+    # `lightning` is Lightning's own command (Lightning <= 2.4 installs it): not taken here.
+    assert not re.search(r"^lightning\s*=", entry_points, re.M)
 
     # Declared dependencies: scipy (PyG's Planetoid reader), the lowest tested releases of the
     # packages whose internals are used (newer ones install and warn: compat.require).

@@ -88,18 +88,6 @@ def test_fabric_run(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_lightning_run_model(tmp_path):
-    # The launcher name of Lightning's design (`fabric run` since Lightning 2.5), provided
-    # by this package's `lightning` console script and forwarded to Fabric's launcher.
-    lightning = _script_or_skip("lightning", "installed with lightning-fullgraph")
-    proc = _run_process([lightning, "run", "model", "--accelerator", "cpu", "--devices", "2",
-                         str(ROOT / "examples/fabric_gcn.py"), "--epochs", "30"], tmp_path)
-    acc, procs = _accuracy(proc.stdout)
-    assert procs == 2 and acc > 0.7
-    assert "`fabric run`" in proc.stderr  # the one-line note on the current name
-
-
-@pytest.mark.multiprocess
 def test_torchrun_4d_equals_lightnings_launcher(tmp_path):
     # FourDStrategy on processes torchrun created: the same training as Lightning's launcher.
     import json
