@@ -172,7 +172,7 @@ def _static_cache_probe() -> Dict[str, Any]:
     import inspect
     from lightning_fullgraph.engine import FullGraphEngine
     params = inspect.signature(FullGraphEngine).parameters
-    return {"available": "cache_static" in params,
+    return {"available": "static_inputs" in params,
             "engine_signature": "FullGraphEngine" + str(inspect.signature(FullGraphEngine))}
 
 

@@ -127,7 +127,7 @@ def run(case: str, nodes: int, edges: int, features: int, hidden: int, classes: 
         y = torch.randint(0, classes, (nodes,))
         mask = torch.rand(nodes, generator=torch.Generator().manual_seed(seed)) < 0.6
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    K.clear_cache()
+    K.clear_memos()
     K.use("auto")
     try:
         if single:  # installs the kernels' forwards

@@ -576,7 +576,7 @@ def bench_case(name: str, spec, features: List[int], args) -> Tuple[List[dict], 
                 print(f"# F={f}: {r['method']} / ours (best of {args.repeats}): fwd x{r['ours_speedup_fwd']:.2f}, "
                       f"fwd+bwd x{r.get('ours_speedup_fwd_bwd', float('nan')):.2f}")
     del methods, csr
-    K.clear_cache()  # also returns idle pooled buffers to the OS
+    K.clear_memos()  # also returns idle pooled buffers to the OS
     return rows, info
 
 
@@ -799,7 +799,7 @@ def bench_e2e(spec, args) -> List[dict]:
         preorder_s = time.perf_counter() - t
         graphs["preordered"] = (d.x, d.edge_index, d.y)
         print(f"# e2e: LocalityOrder renumbered the graph in {preorder_s:.2f}s", flush=True)
-    K.clear_cache()
+    K.clear_memos()
     for model_name, conv in (("GCN", gnn.GCNConv), ("GraphSAGE", gnn.SAGEConv)):
         for backend, locality in configs:
             if backend == "off" and 2.3 * e * max(f_in, hidden) * 4 > mem_available():
@@ -834,7 +834,7 @@ def bench_e2e(spec, args) -> List[dict]:
             label = backend + {"off": ", own order", "preordered": ", preordered"}.get(locality or "", "")
             print(f"# e2e {model_name:>9} backend={label:>15}: first epoch {first:7.2f}s, then best {best:7.2f}s / "
                   f"median {med:7.2f}s of {len(times)} (load {load:.2f})", flush=True)
-            K.clear_cache()
+            K.clear_memos()
     for model_name in ("GCN", "GraphSAGE"):
         off = next((r for r in rows if r["model"] == model_name and r["backend"] == "off" and "epoch_best_s" in r), None)
         on = next((r for r in rows if r["model"] == model_name and r["backend"] != "off" and "epoch_best_s" in r

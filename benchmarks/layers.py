@@ -308,13 +308,13 @@ def bench_layer(layer: str, edge_index: Tensor, n: int, args: argparse.Namespace
     # Timed rounds. Leaving use("auto") removes the layer's kernel wrapper and the next ours
     # step reinstalls it in a forward pre-hook (a dict lookup and a closure: microseconds).
     times: Dict[str, List[float]] = {name: [] for name in active}
-    cache_before = K.cache_info()
+    cache_before = K.memo_info()
     for _ in range(args.repeats):
         for name in active:
             with variant(name, conv), autocast(args):
                 times[name] += timeit(lambda: step(conv, x, edge_index, g), 1, 0)
     # Misses here would mean ours rebuilt its CSR inside the timed steps (a cache bug).
-    row["csr_cache_misses_timed"] = K.cache_info()["misses"] - cache_before["misses"]
+    row["csr_cache_misses_timed"] = K.memo_info()["misses"] - cache_before["misses"]
     for name in active:
         best, med = best_median(times[name])
         row["variants"][name].update(best_s=best, median_s=med, times_s=times[name])
@@ -524,7 +524,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         print(fmt_row(row), flush=True)
         print_profile(row)
         gc.collect()
-        K.clear_cache()  # this layer's CSR and pooled buffers back to the OS before the next
+        K.clear_memos()  # this layer's CSR and pooled buffers back to the OS before the next
         save()
     info["load_avg_end"] = os.getloadavg()
     print(markdown_table(rows))

@@ -3,7 +3,7 @@ r"""One memo for every "the same, unchanged input" shortcut of the library.
 Several parts keep a value computed from tensors and answer later calls with it while those
 tensors are the very same ones, unmodified: the kernels' CSR structures (:mod:`.kernels.csr`),
 ``GCNConv`` normalizations (:mod:`.kernels.gcn`), kept aggregations (:mod:`.kernels.kept`),
-validated index ranges (:mod:`.kernels.validate`) and the distributed engine's static cache
+validated index ranges (:mod:`.kernels.validate`) and the distributed engine's static-input memo
 (:mod:`.engine.static`).  They share :class:`TensorMemo`, and so one rule for what "the same,
 unchanged" means (:func:`signature`) and when an entry goes.
 

@@ -218,3 +218,15 @@ def test_the_layout_page_names_every_module():
         if not re.search(rf"(?<![\w.]){re.escape(path.name)}\b", sections.get(where, "")):
             missing.append(path.relative_to(package).as_posix())
     assert not missing, f"docs/layout.md does not name {missing}"
+
+
+def test_every_environment_variable_is_documented():
+    # The library reads each only to seed a default; the troubleshooting page lists them all.
+    sources = [*(ROOT / "lightning_fullgraph").rglob("*.py"), *(ROOT / "csrc").glob("*.cpp")]
+    read = {name for path in sources
+            for name in re.findall(r"LIGHTNING_FULLGRAPH_[A-Z_]*[A-Z]", path.read_text())}
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    table = page[page.index("## Environment variables"):]
+    listed = set(re.findall(r"`(LIGHTNING_FULLGRAPH_[A-Z_]+)`", table))
+    assert "LIGHTNING_FULLGRAPH_CACHE" in read and len(read) >= 10
+    assert read == listed, (sorted(read - listed), sorted(listed - read))

@@ -30,8 +30,8 @@ class RandomStateCheckpoint(Callback):
 
     * the step counter of the dropout masks of every model split over a 4-D grid
       (:class:`~lightning_fullgraph.parallel.grid_module.GridModule`);
-    * the decisions of the full-graph engine's static-input cache
-      (:meth:`~lightning_fullgraph.engine.static.StaticCache.state_dict`), which choose the
+    * the decisions of the full-graph engine's static-input memo
+      (:meth:`~lightning_fullgraph.engine.static.StaticInputs.state_dict`), which choose the
       exchanges, and so the codec draws, of a layer's call;
     * the engine's step-aside decision (:class:`~lightning_fullgraph.engine.step_aside.StepAside`:
       which reductions run), taken from timings, so a resumed run keeps it, or its trial's

@@ -60,8 +60,8 @@ class FullGraphDataModule(pl.LightningDataModule):
             partitions written by ``lightning-fullgraph partition``.
         num_parts (int, optional): Number of parts (default: the world size;
             anything else is an error at load time).
-        cache_dir (str, optional): Root of the partition cache (default:
-            ``$LIGHTNING_FULLGRAPH_CACHE`` or ``~/.cache/lightning_fullgraph``).
+        cache_dir (str, optional): Root of the partition cache (default: ``partitions/``
+            in ``$LIGHTNING_FULLGRAPH_CACHE`` or ``~/.cache/lightning_fullgraph``).
         seed (int): METIS seed.
         validate (bool): Check the graph (NaN features, labels out of range,
             masks, ...) before partitioning.

@@ -25,7 +25,7 @@ from .gradients import (BackwardHooks, UnreducedBackwardError,  # noqa: E402
 from .norm import distributed_gcn_norm  # noqa: E402
 from .partitioned import PartitionedModel, SparseAdjacencyError, partition_model  # noqa: E402
 from .policy import ExchangePolicy  # noqa: E402
-from .static import StaticCache  # noqa: E402
+from .static import StaticInputs  # noqa: E402
 from .step_aside import StepAside  # noqa: E402
 from .stats import CommStats, ExchangeCounter  # noqa: E402
 from .graphnorm import (MultipleGraphsError, convert_cross_node_norms,  # noqa: E402
@@ -39,7 +39,7 @@ __all__ = [
     "FullGraphEngine", "HaloExchange", "BackwardHooks", "UnreducedBackwardError", "Codec", "IdentityCodec", "WireContext", "CommStats",
     "ExchangeConfig", "ExchangePolicy", "HaloCache", "AsyncPipeline", "BoundarySampling", "Transport",
     "PendingExchange",
-    "AggregationRouter", "MODES", "PRE_LAYERS", "pre_eligible", "StaticCache", "Agreement",
+    "AggregationRouter", "MODES", "PRE_LAYERS", "pre_eligible", "StaticInputs", "Agreement",
     "all_agree",
     "ExchangeCounter", "PartitionedModel", "partition_model", "DistributedBatchNorm",
     "convert_batchnorm", "revert_batchnorm", "distributed_gcn_norm", "gather_nodes",

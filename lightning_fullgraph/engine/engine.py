@@ -39,7 +39,7 @@ from .gradients import (BackwardHooks, all_reduce_gradients, broadcast_parameter
 from .partitioned import PartitionedModel, partition_model
 from .policy import ExchangePolicy
 from .step_aside import StepAside, policy_with
-from .static import StaticCache
+from .static import StaticInputs
 from .transport import Transport
 
 __all__ = ["FullGraphEngine", "plan_levels"]
@@ -83,7 +83,7 @@ class FullGraphEngine:
             :obj:`group`, named in error messages (the group enforces it: create it
             with ``dist.new_group(timeout=...)`` or ``init_process_group(timeout=...)``).
         seed (int): Seed shared by the ranks, for stochastic codecs.
-        cache_static (bool): Compute ``gcn_norm`` once per graph and reuse the aggregation
+        static_inputs (bool): Compute ``gcn_norm`` once per graph and reuse the aggregation
             of inputs that are the same unchanged tensor as last step (e.g. the raw features
             into ``SAGEConv``/``GINConv``), without exchanging them again; exact, also
             under the halo cache, the pipeline and sampling, which then apply to the rows
@@ -95,7 +95,7 @@ class FullGraphEngine:
     def __init__(self, partition, group: Optional[Any] = None,
                  exchange: Union[None, ExchangeConfig, Mapping[str, Any]] = None, *,
                  loss_mask: str = "train_mask", loss_reduction: str = "mean",
-                 timeout: Optional[Any] = None, seed: int = 0, cache_static: bool = True,
+                 timeout: Optional[Any] = None, seed: int = 0, static_inputs: bool = True,
                  ranks_per_host: Optional[int] = None) -> None:
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
@@ -130,7 +130,7 @@ class FullGraphEngine:
                                   partition.owned_ids)
         self.router = AggregationRouter(partition, self.exchanges, config.aggregation, group,
                                         timeout, link=config.link, policy=self.policy)
-        self.static = StaticCache(group, enabled=cache_static, timeout=timeout)
+        self.static = StaticInputs(group, enabled=static_inputs, timeout=timeout)
         self.static.mark_loaded(*partition.node_attrs.values())
         self.loss_mask = loss_mask
         self.loss_reduction = loss_reduction
@@ -287,7 +287,7 @@ class FullGraphEngine:
         :mod:`lightning_fullgraph.kernels` backend (``None``: PyG's own path)."""
         if self._model is None:
             raise RuntimeError("attach a model before choosing kernels")
-        self._model.unwrap_static()  # the static cache stays the outermost wrapper
+        self._model.unwrap_static()  # the static-input memo stays the outermost wrapper
         if self._kernel_handle is not None:
             self._kernel_handle.revert()
             self._kernel_handle = None

@@ -2,7 +2,7 @@ r"""Giving back the pages of a memory-mapped tensor that nothing will read again
 
 A rank loads its partition with ``torch.load(mmap=True)``: its features are a private mapping
 of the partition file, and every page read once stays in the rank's resident set. When the
-static cache (:mod:`.static`) keeps the first layer's aggregation of those features, no later
+static-input memo (:mod:`.static`) keeps the first layer's aggregation of those features, no later
 step reads them (a reuse is decided from the tensor's storage and version, not its values),
 yet their pages -- as large as the kept aggregation itself -- stay resident through every
 step's peak. :func:`release_file_pages` asks the kernel to reclaim them
@@ -18,7 +18,7 @@ step's peak. :func:`release_file_pages` asks the kernel to reclaim them
 So the call is safe for any tensor; at worst a later read costs the page faults of reading the
 file again.
 
-The static cache gives an input back as early as it can: while it computes a result it will
+The static-input memo gives an input back as early as it can: while it computes a result it will
 keep (:func:`releasing`), the halo exchange gives back the owned rows it was handed as soon as
 it has copied them into its ``[owned; halo]`` buffer (:func:`release_consumed`), so the
 features and that buffer are not resident together at the first step's peak.

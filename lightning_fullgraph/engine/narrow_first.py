@@ -25,7 +25,7 @@ such an observer takes its own order again on every rank (the ranks agree on it 
 must gain it on every rank alike, as training code runs; one rank alone ends in a
 :class:`~lightning_fullgraph.engine.CollectiveError`, not in rows of two widths); one that did
 not qualify at its first call keeps its own order.  An input without gradient is aggregated as it is while the engine's
-static-input cache may keep its aggregation (the raw features: exchanged once, then reused);
+static-input memo may keep its aggregation (the raw features: exchanged once, then reused);
 once the cache gives up on it (input dropout makes a new tensor every step), it narrows.
 """
 from contextlib import nullcontext
@@ -40,7 +40,7 @@ from ..compat import call_is_observed
 from ..kernels.sage_reorder import narrows
 from ..kernels.split import InFlight, while_in_flight
 from .agreement import Agreement
-from .static import StaticCache
+from .static import StaticInputs
 
 __all__ = ["narrowable", "narrowed_forward"]
 
@@ -70,7 +70,7 @@ def narrowable(layer: Any) -> bool:
 
 def narrowed_forward(layer: Any, key: str, original: Callable, agreement: Agreement,
                      own_hooks: Callable[[], Collection[int]],
-                     static: Optional[StaticCache] = None) -> Callable:
+                     static: Optional[StaticInputs] = None) -> Callable:
     r"""A ``forward`` for :obj:`layer` that transforms its input before aggregating it when
     that narrows the rows (see the module docstring); otherwise calls :obj:`original`.
 
@@ -81,7 +81,7 @@ def narrowed_forward(layer: Any, key: str, original: Callable, agreement: Agreem
         agreement (Agreement): Where the ranks agree on the order.
         own_hooks (Callable): The ids of the hooks the engine put on the layer (not the
             user's: they observe nothing).
-        static (StaticCache, optional): The engine's static-input cache: an input it may keep
+        static (StaticInputs, optional): The engine's static-input memo: an input it may keep
             the aggregation of is aggregated as it is (once, then reused).
     """
     neighbour_name, root_name = _maps(layer)
@@ -101,7 +101,7 @@ def narrowed_forward(layer: Any, key: str, original: Callable, agreement: Agreem
         # rank sends keep one width.
         narrow = agreement.decide(f"{key}.narrow.{phase}", local_ok(x), revocable=True)
         # An input without gradient on every rank may be the same every step (the raw
-        # features): the static cache then exchanges and aggregates it once, which beats
+        # features): the static-input memo then exchanges and aggregates it once, which beats
         # narrowing it every step.  The cache gives up on it after its misses (input dropout
         # makes a new tensor every step); that, too, every rank decides alike.  Evaluation
         # follows training's answer once there is one (under no_grad every input lacks a

@@ -58,7 +58,7 @@ from .norm import add_dispatcher, remove_dispatcher
 from .agreement import Agreement
 from .narrow_first import narrowable, narrowed_forward
 from .reorder import reorderable, reordered_forward
-from .static import StaticCache
+from .static import StaticInputs
 from .reverse import reverse_exchange, wrap_dir_gnn
 from .support import TRAINING_REFUSED_LAYERS, UnsupportedLayerError, check_model
 
@@ -132,7 +132,7 @@ class PartitionedModel:
         trusted_layers (Iterable[type]): Extra layer classes declared exact.
         sync_batchnorm (bool): Synchronize ``BatchNorm1d`` across ranks.
         router (AggregationRouter, optional): Pre/hybrid aggregation of eligible layers.
-        static (StaticCache, optional): Normalizations and aggregations of unchanged inputs
+        static (StaticInputs, optional): Normalizations and aggregations of unchanged inputs
             computed once (see :mod:`.static`).
     """
 
@@ -140,7 +140,7 @@ class PartitionedModel:
                  trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                  sync_batchnorm: bool = True,
                  router: Optional[AggregationRouter] = None,
-                 static: Optional[StaticCache] = None) -> None:
+                 static: Optional[StaticInputs] = None) -> None:
         self.model = model
         self.exchange = exchange
         self.router = router
@@ -251,7 +251,7 @@ class PartitionedModel:
                 layer.__dict__["forward"] = ours
 
     def wrap_static(self) -> None:
-        r"""Puts the static-input cache around the ``propagate`` of every eligible layer
+        r"""Puts the static-input memo around the ``propagate`` of every eligible layer
         (outermost: call again after another wrapper, e.g. the kernels', was added)."""
         if self.static is None or self._static_wrapped:
             return
@@ -509,7 +509,7 @@ def _source_width(module: MessagePassing, kwargs: Dict[str, Any],
 
 
 def _static_propagate(layer: MessagePassing, key: str, inner: Callable,
-                      static: StaticCache) -> Callable:
+                      static: StaticInputs) -> Callable:
     def propagate(*args, **kwargs):
         active = current_layer()
         if active is None:
@@ -584,6 +584,6 @@ def partition_model(model: torch.nn.Module, exchange: HaloExchange,
                     trusted_layers: Iterable[Type[torch.nn.Module]] = (),
                     sync_batchnorm: bool = True,
                     router: Optional[AggregationRouter] = None,
-                    static: Optional[StaticCache] = None) -> PartitionedModel:
+                    static: Optional[StaticInputs] = None) -> PartitionedModel:
     r"""Attaches :obj:`model` to a halo exchange; see :class:`PartitionedModel`."""
     return PartitionedModel(model, exchange, trusted_layers, sync_batchnorm, router, static)

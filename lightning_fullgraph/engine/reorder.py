@@ -11,7 +11,7 @@ later step.  The result equals the layer's own within floating-point reassociati
 Which order runs changes the width of the exchanged rows, so it is agreed by all ranks: the
 point's eligibility once (an input without gradient), then on every eligible call whether every
 rank sees the same input as last time -- or, from the first call, the features the rank loaded
-(:meth:`.StaticCache.mark_loaded`, unmodified).  Input dropout makes a new tensor every step:
+(:meth:`.StaticInputs.mark_loaded`, unmodified).  Input dropout makes a new tensor every step:
 the layer then runs in its own order (aggregating :math:`XW` is the cheaper one then).  So it
 does under autocast, where the two orders round at different places.
 """
@@ -27,7 +27,7 @@ from ..compat import has_forward_hooks
 from .agreement import Agreement
 from .context import current_layer
 from ..memo import anchor, signature
-from .static import StaticCache
+from .static import StaticInputs
 
 __all__ = ["reorderable", "reordered_forward"]
 
@@ -66,7 +66,7 @@ def _add_bias(layer: GCNConv, out: Tensor) -> Tensor:
     return out.add_(layer.bias)
 
 
-def reordered_forward(layer: GCNConv, key: str, original: Callable, static: StaticCache,
+def reordered_forward(layer: GCNConv, key: str, original: Callable, static: StaticInputs,
                       agreement: Agreement,
                       own_hooks: Callable[[], Collection[int]] = tuple) -> Callable:
     r"""A ``forward`` for :obj:`layer` that aggregates an unchanged input before transforming

@@ -3,7 +3,7 @@ r"""What does not change is neither recomputed nor resent.
 Full-graph training runs on a static graph, yet an unmodified PyG model recomputes
 ``gcn_norm`` (and exchanges halo degrees for it) every step, and aggregates -- and exchanges
 -- its raw input features every step although they are the very same tensor.
-:class:`StaticCache` keeps both:
+:class:`StaticInputs` keeps both:
 
 * **normalizations**: the result of ``gcn_norm`` for the partition's own edge list and edge
   values (``None`` or a partition edge attribute, recognized by content) is computed once per
@@ -45,9 +45,9 @@ stochastic codec, an aggregation that may be kept is exchanged with the draws of
 (:func:`~.exchange.static_draws`), not of the step that happens to compute it first: a run
 resumed from a checkpoint recomputes it at a later step, and must keep the very aggregate the
 uninterrupted run kept.  The decisions above are state a resumed run continues from
-(:meth:`StaticCache.state_dict`; the strategies' checkpoints hold them): which calls still
+(:meth:`StaticInputs.state_dict`; the strategies' checkpoints hold them): which calls still
 check, and so which draws they use, then follows the uninterrupted run's.
-``FullGraphEngine(cache_static=False)`` turns the cache off.
+``FullGraphEngine(static_inputs=False)`` turns the cache off.
 
 Once an aggregation is kept, its inputs' pages are given back to the kernel where they are a
 private file mapping (:func:`~.file_pages.release_file_pages`): a partition loaded with
@@ -66,7 +66,7 @@ from .agreement import Agreement, all_agree_each
 from .exchange import static_draws
 from .file_pages import Released, release_file_pages, releasing
 
-__all__ = ["StaticCache", "GIVE_UP"]
+__all__ = ["StaticInputs", "GIVE_UP"]
 
 #: Agreed misses in a row after which a point stops checking for reuse.
 GIVE_UP = 3
@@ -116,7 +116,7 @@ def twin_point(point: str, phase: str) -> str:
     return point[:len(point) - len(phase)] + other
 
 
-class StaticCache:
+class StaticInputs:
     r"""Per-rank cache of static normalizations and aggregations (see the module docstring).
 
     Args:
@@ -135,7 +135,7 @@ class StaticCache:
         self.release_inputs = bool(release_inputs)
         self.released_bytes = 0
         self._loaded = TensorMemo()  # the tensors the rank loaded (value: True)
-        self._eligible = Agreement(group, "static-input cache", timeout)
+        self._eligible = Agreement(group, "static-input memo", timeout)
         self._norm_points = Agreement(group, "static normalization", timeout)
         self._streaks: Dict[str, int] = {}
         self._given_up: set = set()
@@ -205,8 +205,8 @@ class StaticCache:
                 f"'{point}': the normalization is computed once for the partition's edge list "
                 "and edge values (they were passed on the first call here), but this call "
                 "passes other ones; pass batch.edge_index and its edge attributes unchanged, "
-                "or create the engine with cache_static=False (FullGraphEngine) / use "
-                "aggregation='post' with cache_static=False")
+                "or create the engine with static_inputs=False (FullGraphEngine) / use "
+                "aggregation='post' with static_inputs=False")
         found = self._norms.get(key)
         if found is None:
             found = self._norms[key] = compute()
@@ -233,7 +233,7 @@ class StaticCache:
         if point in self._given_up:
             return False, False
         ok, static = all_agree_each((local_hit, local_static), self.group,
-                                    f"static-input cache check for '{point}'", self.timeout)
+                                    f"static-input memo check for '{point}'", self.timeout)
         streak = 0 if ok else self._streaks.get(point, 0) + 1
         self._streaks[point] = streak
         if streak >= GIVE_UP:

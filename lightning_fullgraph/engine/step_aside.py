@@ -33,7 +33,7 @@ second collective where it is latency-bound (GCN's step there: 1.02x with it; st
 it out).
 
 Arms with a stage removed are exact in that stage, so a trial never trains less exactly
-than the configured policy (an aggregation of an unchanged input that the static-input cache
+than the configured policy (an aggregation of an unchanged input that the static-input memo
 kept, computed once under the codec, stays as it was computed).  The decision is a function
 of timings: two runs of the same script may decide differently (it is logged, and
 checkpointed with the random states, so a resumed run keeps it; a trial interrupted by a

@@ -20,7 +20,7 @@ Set ``LIGHTNING_FULLGRAPH_NO_EXT=1`` to force the pure-PyTorch fallback.
 """
 from .backend import BACKENDS, current, resolve, use
 from .config import KernelConfig
-from .csr import CSRGraph, build_csr, cache_info, clear_cache, get_csr, pool_info
+from .csr import CSRGraph, build_csr, memo_info, clear_memos, get_csr, pool_info
 from .functional import aggregate
 from .kept import get_static_inputs, set_static_inputs
 from .sage_reorder import get_layer_order, set_layer_order
@@ -44,8 +44,8 @@ __all__ = [
     "CSRGraph",
     "build_csr",
     "get_csr",
-    "clear_cache",
-    "cache_info",
+    "clear_memos",
+    "memo_info",
     "pool_info",
     "set_locality",
     "set_static_inputs",

@@ -17,7 +17,7 @@ mode ``"auto"``). Large outputs come
 from a small pool of recycled, huge-page-advised buffers inside the extension (first-touch
 page faults of a fresh 512 MiB output otherwise cost as much as the aggregation).
 ``LIGHTNING_FULLGRAPH_POOL_MB`` caps the idle pooled memory (default 2048,
-``0`` disables pooling); :func:`lightning_fullgraph.kernels.clear_cache` releases it.
+``0`` disables pooling); :func:`lightning_fullgraph.kernels.clear_memos` releases it.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from ..memo import TensorMemo, signature
 from .locality import NodeOrder, choose_order, get_locality
 
 __all__ = ["CSRGraph", "SplitCSR", "build_csr", "build_split_csr", "get_csr", "get_split_csr",
-           "clear_cache", "cache_info", "pool_info", "forget"]
+           "clear_memos", "memo_info", "pool_info", "forget"]
 
 _CACHE_SIZE = 4
 _SAMPLES = 32
@@ -279,9 +279,10 @@ def _cached(edge_index: Tensor, extra: Tuple, build):
     return built
 
 
-def clear_cache() -> None:
-    """Drop all cached CSR structures, ``GCNConv`` normalizations (:mod:`.gcn`), idle
-    pooled output buffers and the huge-page allocator's cached blocks (frees their memory)."""
+def clear_memos() -> None:
+    """Drop the kernels' memos (CSR structures, ``GCNConv`` normalizations of :mod:`.gcn`,
+    aggregations of :mod:`.kept`), the idle pooled output buffers and the huge-page
+    allocator's free blocks, freeing their memory."""
     _memo.clear()
     from . import gcn, kept
 
@@ -313,8 +314,8 @@ def forget(edge_index: Tensor) -> int:
     return len(gone)
 
 
-def cache_info() -> dict:
-    """``{"hits", "misses", "size"}`` of the CSR cache."""
+def memo_info() -> dict:
+    """``{"hits", "misses", "size"}`` of the CSR memo."""
     return {"hits": _memo.hits, "misses": _memo.misses, "size": len(_memo)}
 
 
@@ -325,7 +326,7 @@ def pool_info() -> dict:
 
     ``idle_bytes`` is memory no tensor uses, held for a later output of the same size. A size
     whose idle buffers were dropped unused more often than reused stops being kept;
-    :func:`clear_cache` releases the idle buffers and forgets that history.
+    :func:`clear_memos` releases the idle buffers and forgets that history.
     """
     from . import cpp
 

@@ -48,7 +48,7 @@ get the same memo: while their forward runs, their ``gcn_norm`` calls are answer
 (:func:`memo_scope`).  The memo reaches those calls through the one rebinding of PyG's
 ``gcn_norm`` that the distributed engine uses too (:func:`..compat.route_gcn_norm`, made
 while a layer is accelerated): the engine's handler comes first, so inside a partitioned layer
-the engine normalizes (halo degrees) and its static cache decides what is kept.
+the engine normalizes (halo degrees) and its static-input memo decides what is kept.
 """
 import threading
 from contextlib import contextmanager

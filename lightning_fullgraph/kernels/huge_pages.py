@@ -52,7 +52,7 @@ kernels' outputs included: their own pool steps aside while the cache is on).  O
 cache leaves fresh pages in a new block, so the bytes held, live and cached, never exceed the
 most the live ones ever took (plus the tails below 2 MiB of the blocks live now): the cache
 does not raise a process's peak, it keeps the memory of that peak between steps, as torch's
-CUDA caching allocator does.  :func:`~.csr.clear_cache` and turning the allocator off give
+CUDA caching allocator does.  :func:`~.csr.clear_memos` and turning the allocator off give
 the cached pages back; :func:`set_block_cache` (or the environment variable
 ``LIGHTNING_FULLGRAPH_HUGE_PAGES_CACHE``, bytes with an optional ``K``/``M``/``G`` suffix,
 read at import) caps it, ``0`` turns it off.  The default cap is the machine's memory: the

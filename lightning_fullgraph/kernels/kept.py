@@ -3,7 +3,7 @@ r"""Aggregations of unchanged inputs, kept between calls.
 A model's first layer aggregates the same features in every step: the dataset's ``x``, which
 needs no gradient and does not change. Its aggregation is then the same in every step too. The
 kernels' ``propagate`` (:mod:`.pyg`) keeps it and answers later calls with it, as the distributed
-engine's static cache does for a partitioned layer (:mod:`lightning_fullgraph.engine.static`):
+engine's static-input memo does for a partitioned layer (:mod:`lightning_fullgraph.engine.static`):
 ``SAGEConv``, ``GINConv`` and ``GraphConv`` then aggregate their input once, and ``GCNConv``,
 which aggregates its transformed input, is run in the other order for such an input
 (:mod:`.gcn_reorder`).
@@ -25,7 +25,7 @@ kept output itself is unchanged (a layer or hook that edits its aggregation in p
 next call aggregate anew); it goes when its layer, input, graph or weights are freed. At most
 :data:`SIZE` are kept (least recently used goes first); each is :math:`N_{dst} \times F`.
 ``K.set_static_inputs("off")`` (or ``$LIGHTNING_FULLGRAPH_STATIC_INPUTS=off``) keeps and uses
-nothing and leaves ``GCNConv`` in PyG's order; :func:`~.clear_cache` forgets everything kept.
+nothing and leaves ``GCNConv`` in PyG's order; :func:`~.clear_memos` forgets everything kept.
 """
 import weakref
 from typing import Any, Optional
@@ -50,7 +50,7 @@ _setting = ModeSetting("static-inputs mode", MODES, ENV)
 def set_static_inputs(mode: Optional[str]) -> None:
     r"""``"auto"`` (default): keep the aggregations of unchanged inputs, and aggregate such an
     input of ``GCNConv`` first; ``"off"``: neither (what is kept already is not used, and goes
-    with its inputs or :func:`~.clear_cache`); ``None``: back to
+    with its inputs or :func:`~.clear_memos`); ``None``: back to
     ``$LIGHTNING_FULLGRAPH_STATIC_INPUTS`` (or ``"auto"``)."""
     _setting.set(mode)
 

@@ -229,7 +229,7 @@ def _make_wrapper(module, original: Callable, pinned: Optional[str], follow_defa
 def _aggregate_or_kept(mod, x: Tensor, edge_index, weight, reduce: str, n_src: int, n_dst: int,
                        be: str, static: bool) -> Tensor:
     # An unchanged input's aggregation, kept from an earlier call (.kept); not in a call the
-    # distributed engine's pre-hooks rewrote (its static cache decides there), nor while
+    # distributed engine's pre-hooks rewrote (its static-input memo decides there), nor while
     # torch.compile traces (a traced graph would not re-check versions and lifetimes).
     if not (static and isinstance(edge_index, Tensor) and not torch.compiler.is_compiling()
             and kept.eligible(x, weight)):

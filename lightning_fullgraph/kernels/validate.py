@@ -17,11 +17,11 @@ back in a single host transfer; only on a violation is the first offending posit
 searched for.
 
 That transfer synchronises a GPU, and the pass reads the index arrays once, so pairs that
-were already validated are remembered (:data:`CACHE_SIZE` of them, in a
+were already validated are remembered (:data:`MEMO_SIZE` of them, in a
 :class:`~lightning_fullgraph.memo.TensorMemo`): a pair is recognised by the identity of both
 tensor objects (followed weakly: nothing is kept alive), their storage, offset, shape, strides,
 dtype, device and *version counter*, which every in-place op bumps, also through views. Any difference validates again. Writes that PyTorch does not track
-(``.numpy()``, ``.data``, DLPack, raw pointers) are not seen; :func:`set_cache_size` ``(0)``
+(``.numpy()``, ``.data``, DLPack, raw pointers) are not seen; :func:`set_memo_size` ``(0)``
 validates on every call. Inference tensors have no version counter and are never cached.
 """
 from __future__ import annotations
@@ -34,26 +34,26 @@ from torch import Tensor
 from ..memo import TensorMemo
 
 __all__ = ["check_aggregation", "check_edge_dot", "check_csr", "check_weight", "check_features", "check_index_range",
-           "set_cache_size", "clear_cache", "cache_info", "CACHE_SIZE"]
+           "set_memo_size", "clear_memo", "memo_info", "MEMO_SIZE"]
 
-CACHE_SIZE = 8
+MEMO_SIZE = 8
 
 #: Validated index tensors (a CSR pair, or one index) and the range their entries span.
-_memo = TensorMemo(CACHE_SIZE)
+_memo = TensorMemo(MEMO_SIZE)
 
 
-def set_cache_size(n: int) -> None:
+def set_memo_size(n: int) -> None:
     """Number of validated pairs remembered; ``0`` validates on every call."""
     _memo.set_size(n)
 
 
-def clear_cache() -> None:
-    """Forget all validated pairs (and reset the counters of :func:`cache_info`)."""
+def clear_memo() -> None:
+    """Forget all validated pairs (and reset the counters of :func:`memo_info`)."""
     _memo.clear()
 
 
-def cache_info() -> dict:
-    """``{"hits", "misses", "size", "capacity"}`` of the validation cache."""
+def memo_info() -> dict:
+    """``{"hits", "misses", "size", "capacity"}`` of the validation memo."""
     return {"hits": _memo.hits, "misses": _memo.misses, "size": len(_memo),
             "capacity": _memo.size}
 

@@ -18,7 +18,7 @@ rows, plus pre slots in pre/hybrid aggregation), ``GINConv`` its input rows (``i
 ``SAGEConv``/``GraphConv`` theirs too, or their ``x @ W`` rows (``out_channels``) where those are
 narrower (:mod:`~lightning_fullgraph.engine.narrow_first`), ``GATConv`` its projected rows (``heads * out_channels``) and
 attention terms (``heads``); a backward exchange happens only where the exchanged tensor needs
-a gradient (not for raw input features), and what the engine's static cache keeps (the
+a gradient (not for raw input features), and what the engine's static-input memo keeps (the
 normalization, aggregations of unchanged inputs, also ``GCNConv`` reordered to aggregate an
 unchanged input before its linear map) is exchanged in the first steps only.
 
@@ -89,7 +89,7 @@ def _layer_of(key: str) -> str:
 class ExchangeProfile:
     r"""The exchange calls of a model, step by step.
 
-    The engine's static cache and reordering make the first steps of a run exchange more (or
+    The engine's static-input memo and reordering make the first steps of a run exchange more (or
     differently) than later ones: the normalization's degrees once, an unchanged input's
     aggregation once, ...  A profile therefore keeps the calls of each step until they repeat:
     ``train[i]`` are the calls of the run's training step ``i`` (forward, then backward) for
@@ -503,7 +503,7 @@ def profile_model(model: torch.nn.Module, in_channels: Optional[int] = None, *,
             exchanges by then is taken as steady at its last step.
         num_nodes (int): Nodes of the probe graph.
         seed (int): Seed of the probe graph.
-        **engine_kwargs: Further :class:`FullGraphEngine` options (e.g. ``cache_static``).
+        **engine_kwargs: Further :class:`FullGraphEngine` options (e.g. ``static_inputs``).
 
     Returns:
         ExchangeProfile

@@ -215,7 +215,7 @@ def _fit_resume(rank, world_size, tmp):
         return AdaptiveBitWidth(initial_bits=8, delta=1, ldr_time="epochs")
 
     def module(seed):
-        # Dropout: the static cache then stays off (with it on, a resumed run's loss differs
+        # Dropout: the static-input memo then stays off (with it on, a resumed run's loss differs
         # from the uninterrupted one's by an ulp, which would blur the comparison below).
         torch.manual_seed(seed)
         return NodeClassifier(data.num_features, 4, lr=0.05, dropout=0.5)

@@ -1,5 +1,5 @@
 """RandomStateCheckpoint carries the counters the library's own draws follow: the grid's
-dropout step counters and the static-input cache's decisions, restored on resume also when
+dropout step counters and the static-input memo's decisions, restored on resume also when
 the engine only exists after Lightning restored the checkpoint."""
 from types import SimpleNamespace
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_fullgraph.callbacks import RandomStateCheckpoint
-from lightning_fullgraph.engine.static import StaticCache
+from lightning_fullgraph.engine.static import StaticInputs
 from lightning_fullgraph.parallel.surgery import STEP_ATTR
 
 
@@ -25,14 +25,14 @@ def _holder(step=None):
 
 
 def test_counters_are_saved_and_restored():
-    static = StaticCache()
+    static = StaticInputs()
     static._streaks = {"conv1.propagate0.train": 2, "conv1.propagate0.eval": 0}
     static._given_up = {"conv2.propagate0.train"}
     checkpoint = {}
     RandomStateCheckpoint().on_save_checkpoint(_trainer(static), _holder(7), checkpoint)
 
     # Lightning restores before the strategy's setup: no engine yet, then on_fit_start.
-    callback, restored, module = RandomStateCheckpoint(), StaticCache(), _holder()
+    callback, restored, module = RandomStateCheckpoint(), StaticInputs(), _holder()
     callback.on_load_checkpoint(_trainer(None), module, checkpoint)
     assert getattr(module.model, STEP_ATTR) == 7  # picked up when the model is split
     callback.on_fit_start(_trainer(restored), module)
@@ -57,7 +57,7 @@ class _Engine(SimpleNamespace):
 def test_step_aside_decision_is_saved_and_restored():
     decision = {"decision": {"stages": ["codec"], "arms": [["codec"], []],
                              "seconds": [0.5, 1.0]}}
-    saving = _Engine(static=StaticCache(), saved=decision, loaded=None)
+    saving = _Engine(static=StaticInputs(), saved=decision, loaded=None)
     checkpoint = {}
     trainer = SimpleNamespace(strategy=SimpleNamespace(engine=saving), world_size=1,
                               global_rank=0)
@@ -65,7 +65,7 @@ def test_step_aside_decision_is_saved_and_restored():
 
     callback, module = RandomStateCheckpoint(), _holder()
     callback.on_load_checkpoint(_trainer(None), module, checkpoint)  # no engine yet
-    loading = _Engine(static=StaticCache(), saved=None, loaded=None)
+    loading = _Engine(static=StaticInputs(), saved=None, loaded=None)
     callback.on_fit_start(SimpleNamespace(strategy=SimpleNamespace(engine=loading),
                                           world_size=1, global_rank=0), module)
     assert loading.loaded == decision

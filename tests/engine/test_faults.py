@@ -59,7 +59,7 @@ def test_every_survivor_raises_a_clear_error(fault, duplex):
         r = outcome.value
         assert isinstance(r, dict), r
         # The first collective after the fault is named with its exchange point: a halo
-        # exchange, or the agreement that replaces one (static-input cache, see static.py).
+        # exchange, or the agreement that replaces one (static-input memo, see static.py).
         assert re.search(r"(halo exchange|static[a-z -]* check for|agreement for) "
                          r"'(gcn_norm|GCNConv)[^']*'", r["message"]), r
         assert f"rank {outcome.rank}:" in r["message"], r

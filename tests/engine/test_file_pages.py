@@ -1,5 +1,5 @@
 """``engine.file_pages``: the pages of a memory-mapped tensor are given back, its values kept;
-the static cache gives back its kept aggregations' inputs."""
+the static-input memo gives back its kept aggregations' inputs."""
 import os
 import sys
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_fullgraph.engine.file_pages import release_file_pages
-from lightning_fullgraph.engine.static import StaticCache
+from lightning_fullgraph.engine.static import StaticInputs
 from lightning_fullgraph.engine import ExchangeConfig
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -83,7 +83,7 @@ def test_memory_not_mapped_from_a_file_is_left_alone():
 @pytest.mark.parametrize("release", [True, False])
 def test_the_static_cache_gives_back_a_kept_aggregations_inputs(tmp_path, release):
     x = _mapped(tmp_path)
-    cache = StaticCache(release_inputs=release)  # one process: agreements need no peers
+    cache = StaticInputs(release_inputs=release)  # one process: agreements need no peers
     first = cache.aggregation("conv.propagate0.train", (x, ), lambda: x.sum(0) * 2)
     assert torch.equal(first, torch.load(tmp_path / "x.pt", weights_only=True)["x"].sum(0) * 2)
     if release:

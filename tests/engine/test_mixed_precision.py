@@ -41,7 +41,7 @@ def _run(rank, world_size, kind, aggregation):
     ref = _model(kind, data.num_features, 4)
     runs = {}
     for amp in (False, True):
-        # static cache on (default)
+        # static-input memo on (default)
         engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=aggregation))
         model = copy.deepcopy(ref)
         engine.attach(model)
@@ -95,7 +95,7 @@ def test_autocast_matches_one_process_with_the_same_kernels(kind, aggregation):
         # Partitioned mixed precision is one process's mixed precision summed in another
         # order: it differs from it about as much as PyG's own path does (whose sums run in
         # yet another order; bfloat16 outputs then round differently here and there), and
-        # less than mixed precision differs from float32.  The engine's static cache keeps
+        # less than mixed precision differs from float32.  The engine's static-input memo keeps
         # GCN's order under autocast (engine/reorder.py): reordered, GCN was 2.4e-4 away,
         # 13x its order noise.
         assert r["error"] <= 3 * r["order_noise"] + 1e-6, str(r)

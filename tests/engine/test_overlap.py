@@ -115,7 +115,7 @@ def _run(rank, world_size, kind, aggregation, sampling=None, hook_lin_l=False):
         events.clear()
         exchange = ExchangeConfig(aggregation=aggregation, overlap=overlap, sampling=sampling,
                                   step_aside=False)
-        engine = FullGraphEngine(part, exchange=exchange, cache_static=False)
+        engine = FullGraphEngine(part, exchange=exchange, static_inputs=False)
         model = copy.deepcopy(ref)
         hooked = []
         if hook_lin_l:  # a user's hook sees the middle layer's lin_l called, every forward

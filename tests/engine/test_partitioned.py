@@ -19,7 +19,7 @@ def _hooked_propagate(rank, world_size, hooked):
     if hooked:  # registered before the engine's own propagate hook
         conv.register_propagate_forward_hook(
             lambda m, i, o: seen.append((o, o.detach().clone())))
-    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="pre"), cache_static=False)
+    engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="pre"), static_inputs=False)
     engine.attach(conv)
     local = engine.data
     out = conv(local.x, local.edge_index)

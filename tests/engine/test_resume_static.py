@@ -1,5 +1,5 @@
 """A run resumed from a checkpoint equals the uninterrupted one bit for bit under a stochastic
-codec: the static-input cache's kept aggregate does not depend on the step that computes it,
+codec: the static-input memo's kept aggregate does not depend on the step that computes it,
 and its decisions (which calls still check, so which draws they use) are checkpoint state."""
 import copy
 

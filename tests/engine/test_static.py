@@ -68,7 +68,7 @@ def _run(rank, world_size, kind, aggregation, input_dropout):
     out = {}
     for cache in (False, True):
         engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=aggregation),
-                                 cache_static=cache)
+                                 static_inputs=cache)
         model = copy.deepcopy(ref)
         engine.attach(model)
         losses = _train(model, engine.data, EPOCHS, input_dropout, engine.backward)
@@ -140,7 +140,7 @@ def _in_place(rank, world_size):
     local.x.mul_(2.0)  # an in-place edit bumps the version counter: recomputed
     edited = conv(local.x, local.edge_index)
     engine.detach()
-    fresh = FullGraphEngine(part, cache_static=False)
+    fresh = FullGraphEngine(part, static_inputs=False)
     fresh.attach(conv)
     # Without the cache the layer (narrower than its input) would map before it aggregates
     # (engine/narrow_first.py): PyG's order here, the order the cached engine ran.
@@ -199,7 +199,7 @@ def _edited_weight(rank, world_size):
     results = []
     for cache in (False, ):
         engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation="post"),
-                                 cache_static=cache)
+                                 static_inputs=cache)
         engine.attach(conv)
         a = conv(local.x, local.edge_index, local.edge_weight)
         b = conv(local.x, local.edge_index, local.edge_weight * 2)
@@ -210,7 +210,7 @@ def _edited_weight(rank, world_size):
 
 def test_changed_edge_values_are_refused_not_served_stale():
     for refused, recomputed in run_distributed(_edited_weight, 2):
-        assert refused is not None and "cache_static=False" in refused, refused
+        assert refused is not None and "static_inputs=False" in refused, refused
         assert recomputed
 
 
@@ -237,7 +237,7 @@ def _phases(rank, world_size, kind):
     ref = _reference(kind, data)
     out = {}
     for cache in (True, False):
-        engine = FullGraphEngine(part, cache_static=cache)
+        engine = FullGraphEngine(part, static_inputs=cache)
         model = copy.deepcopy(ref)
         engine.attach(model)
         local = engine.data

@@ -46,7 +46,7 @@ def fresh_kernel_state(*switches):
     their defaults, before and after the enclosed test."""
     import lightning_fullgraph.kernels as K
 
-    K.clear_cache()
+    K.clear_memos()
     for switch in switches:
         switch(None)
     try:
@@ -54,7 +54,7 @@ def fresh_kernel_state(*switches):
     finally:
         for switch in switches:
             switch(None)
-        K.clear_cache()
+        K.clear_memos()
 
 
 CI_ENV = "LIGHTNING_FULLGRAPH_CI"

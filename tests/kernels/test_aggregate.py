@@ -87,11 +87,11 @@ def test_no_source_rows(backend):
 
 
 def test_csr_cache_recognises_equal_content():
-    K.clear_cache()
+    K.clear_memos()
     ei = make_graph(40, 40, 300)
     a = csr_mod.get_csr(ei, 40, 40)
     b = csr_mod.get_csr(ei.clone(), 40, 40)  # new tensor, same content: no rebuild
-    assert a is b and K.cache_info()["misses"] == 1
+    assert a is b and K.memo_info()["misses"] == 1
     c = csr_mod.get_csr(ei.flip(0), 40, 40)
     assert c is not a
     ei2 = ei.clone()
@@ -105,7 +105,7 @@ def test_csr_cache_keeps_the_newest_equal_copy():
     # copy alive beside the newest one; a view is not kept (it would hold its whole base).
     import gc
     import weakref
-    K.clear_cache()
+    K.clear_memos()
     first = make_graph(40, 40, 300)
     csr = csr_mod.get_csr(first, 40, 40)
     gone = weakref.ref(first)
@@ -119,7 +119,7 @@ def test_csr_cache_keeps_the_newest_equal_copy():
     kept = weakref.ref(second)
     del second
     gc.collect()
-    assert kept() is not None and K.cache_info()["misses"] == 1
+    assert kept() is not None and K.memo_info()["misses"] == 1
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
@@ -128,24 +128,24 @@ def test_csr_built_in_inference_mode_serves_training(reduce):
     # tensors in the cache: training then failed ("cannot be saved for backward").
     torch.manual_seed(0)
     x, ei = torch.randn(40, 8), make_graph(40, 40, 300)
-    K.clear_cache()
+    K.clear_memos()
     xg = x.clone().requires_grad_()
     want = K.aggregate(xg, ei, None, reduce, 40)
     want.square().sum().backward()
-    K.clear_cache()
+    K.clear_memos()
     with torch.inference_mode():
         inference_ei = ei.clone()
         K.aggregate(x, inference_ei, None, reduce, 40)
     xg2 = x.clone().requires_grad_()
     got = K.aggregate(xg2, ei, None, reduce, 40)
     got.square().sum().backward()
-    assert K.cache_info()["misses"] == 1  # the inference-mode build served training
+    assert K.memo_info()["misses"] == 1  # the inference-mode build served training
     assert torch.equal(got, want) and torch.equal(xg2.grad, xg.grad)
     with torch.inference_mode():
         inference_ei[0, 0] = (inference_ei[0, 0] + 1) % 40  # not counted: matched by content
         edited = scatter(x[inference_ei[0]], inference_ei[1], 0, dim_size=40, reduce=reduce)
         torch.testing.assert_close(K.aggregate(x, inference_ei, None, reduce, 40), edited)
-    assert K.cache_info()["misses"] == 2
+    assert K.memo_info()["misses"] == 2
 
 
 def test_fingerprint_positions_stay_in_range_beyond_2_24_edges():

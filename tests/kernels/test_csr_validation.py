@@ -339,10 +339,10 @@ def test_cache_is_used_and_can_be_disabled():
     hits2 = mod.validation_cache_info()[0]
     ops.csr_sum_raw(rowptr, col, None, x, False, "cpp")
     assert mod.validation_cache_info()[0] == hits2 + 1
-    validate.clear_cache()
+    validate.clear_memo()
     ops.csr_sum_raw(rowptr, col, None, x, False, "torch")
     ops.csr_sum_raw(rowptr, col, None, x, False, "torch")
-    assert validate.cache_info()["hits"] == 1 and validate.cache_info()["misses"] == 1
+    assert validate.memo_info()["hits"] == 1 and validate.memo_info()["misses"] == 1
 
 
 def test_extension_module_validates_directly():

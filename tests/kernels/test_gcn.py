@@ -199,7 +199,7 @@ def test_entries_go_with_their_graph_and_the_memo_is_bounded():
         for g in graphs:
             conv(x, g)
         assert gcn.memo_info()["graphs"] == gcn.MEMO_SIZE
-    K.clear_cache()
+    K.clear_memos()
     assert gcn.memo_info()["graphs"] == 0
 
 
@@ -387,7 +387,7 @@ def test_a_first_call_in_pygs_forward_uses_the_memo():
     # memo all the same, so the kernels never build a CSR of the unsorted list (on 1M nodes /
     # 16M edges one stayed cached beside the sorted list's: 405 MiB).
     from lightning_fullgraph.kernels import csr
-    K.clear_cache()
+    K.clear_memos()
     gcn.clear_memo()
     torch.manual_seed(0)
     convs = torch.nn.ModuleList([GCNConv(16, 16), GCNConv(16, 8)])
@@ -399,19 +399,19 @@ def test_a_first_call_in_pygs_forward_uses_the_memo():
             out = convs[1](convs[0](x, ei).relu(), ei)
             if step == 0:
                 assert gcn.memo_info()["misses"] == 1 and gcn.memo_info()["hits"] == 1
-                assert csr.cache_info()["size"] == 1  # the sorted list's, from the first call
+                assert csr.memo_info()["size"] == 1  # the sorted list's, from the first call
                 torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
             out.square().sum().backward()
         assert gcn.memo_info()["misses"] == 1
         assert getattr(gcn._scope, "depth", 0) == 0  # the first calls' scopes were left
         assert not any(c._forward_hooks for c in convs)  # and their hooks removed
-    assert csr.cache_info()["size"] == 1
+    assert csr.memo_info()["size"] == 1
     ((_, built, (edge_index,), _),) = csr._memo.items()
     assert built.perm is None and bool((edge_index[1].diff() >= 0).all())
 
 
 def test_a_failing_first_call_leaves_the_memo_scope():
-    K.clear_cache()
+    K.clear_memos()
     conv = GCNConv(16, 8)
     x, ei, _ = _graph()
     with K.use("auto"):
@@ -420,18 +420,18 @@ def test_a_failing_first_call_leaves_the_memo_scope():
         assert getattr(gcn._scope, "depth", 0) == 0
         conv(x, ei)  # the next call is the kernels' forward, outside any scope afterwards
         assert getattr(gcn._scope, "depth", 0) == 0 and not conv._forward_hooks
-    K.clear_cache()
+    K.clear_memos()
 
 
 def test_forget_drops_the_structures_of_equal_edge_lists():
     from lightning_fullgraph.kernels import csr
-    K.clear_cache()
+    K.clear_memos()
     _, ei, _ = _graph()
     csr.get_csr(ei, 60, 60)
     csr.get_split_csr(ei, 30, 60, 60)
     other = torch.randint(0, 60, (2, 100))
     csr.get_csr(other, 60, 60)
     assert csr.forget(ei.clone()) == 2  # by content, every kind
-    assert csr.cache_info()["size"] == 1
+    assert csr.memo_info()["size"] == 1
     assert csr.forget(ei) == 0
-    K.clear_cache()
+    K.clear_memos()

@@ -249,6 +249,6 @@ def test_off_stops_using_what_was_kept():
         got = _step_any(conv, x, edge_index, None)
         want = _step_any(conv, x.clone(), edge_index, None)  # PyG's order, nothing kept
     assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
-    assert kept.info()["hits"] == 1 and kept.info()["aggregations"] == 1  # until clear_cache
-    K.clear_cache()
+    assert kept.info()["hits"] == 1 and kept.info()["aggregations"] == 1  # until clear_memos
+    K.clear_memos()
     assert kept.info() == NOTHING

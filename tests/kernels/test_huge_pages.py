@@ -345,7 +345,7 @@ def test_block_cache_limit_and_trim(block_cache):
     assert _mapping_of(ptr_b) and not _mapping_of(ptr_b + HUGE)
     K.set_block_cache(BIG // 2)  # lowered: what exceeds it is unmapped, oldest first
     assert K.huge_pages_info()["cached_bytes"] <= BIG // 2
-    K.clear_cache()  # the kernels' clear_cache gives the cached pages back too
+    K.clear_memos()  # the kernels' clear_memos gives the cached pages back too
     assert K.huge_pages_info()["cached_bytes"] == 0 and not _mapping_of(ptr_b)
     K.set_block_cache("64M")
     c = torch.ones(BIG // 4)

@@ -28,7 +28,7 @@ def small_window(monkeypatch):
     monkeypatch.setattr(locality.locality_score, "__defaults__", (64,))
     yield
     K.set_locality(None)
-    K.clear_cache()
+    K.clear_memos()
 
 
 def _order(ei, n, mode):
@@ -91,7 +91,7 @@ def test_reordered_aggregation_equals_own_order(small_window, backend, reduce):
     results = {}
     for mode in ("off", "bfs"):
         K.set_locality(mode)
-        K.clear_cache()
+        K.clear_memos()
         out = K.aggregate(x, ei, w, reduce, n, backend=backend)
         assert (K.get_csr(ei, n, n).order is not None) == (mode == "bfs")
         gx, gw = torch.autograd.grad(out, (x, w), g)
@@ -126,7 +126,7 @@ def test_partition_graph_ordered_on_its_owned_rows(small_window, backend):
     results = {}
     for mode in ("off", "bfs"):
         K.set_locality(mode)
-        K.clear_cache()
+        K.clear_memos()
         out = K.aggregate(x, ei, w, "sum", n, backend=backend)
         assert (K.get_csr(ei, n_src, n).order is not None) == (mode == "bfs")
         results[mode] = (out, *torch.autograd.grad(out.square().sum(), (x, w)))

@@ -43,7 +43,7 @@ def _stats_since(start: dict) -> dict:
 
 def test_outputs_of_one_size_reuse_one_buffer():
     cpp_or_skip()
-    K.clear_cache()
+    K.clear_memos()
     start = K.pool_info()
     for _ in range(4):
         out = _aggregate(NUM_DST)
@@ -52,7 +52,7 @@ def test_outputs_of_one_size_reuse_one_buffer():
     stats = _stats_since(start)
     assert stats["misses"] == 1 and stats["hits"] == 3
     assert stats["idle_buffers"] == 1 and stats["idle_bytes"] >= 9 * MIB
-    K.clear_cache()
+    K.clear_memos()
     assert K.pool_info()["idle_bytes"] == 0
 
 
@@ -60,7 +60,7 @@ def test_sizes_that_alternate_are_not_kept_idle():
     # Two sizes in turn: each request drops the other size's idle buffer unused. After one
     # such drop per size, neither is kept, and nothing sits idle between calls.
     cpp_or_skip()
-    K.clear_cache()
+    K.clear_memos()
     start = K.pool_info()
     for _ in range(4):
         for num_dst in (NUM_DST, 2 * NUM_DST):
@@ -69,8 +69,8 @@ def test_sizes_that_alternate_are_not_kept_idle():
     stats = _stats_since(start)
     assert stats["hits"] == 0 and stats["misses"] == 8
     assert stats["idle_bytes"] == 0 and stats["idle_buffers"] == 0
-    # clear_cache forgets that history: one size alone is reused again.
-    K.clear_cache()
+    # clear_memos forgets that history: one size alone is reused again.
+    K.clear_memos()
     start = K.pool_info()
     for _ in range(3):
         del_me = _aggregate(2 * NUM_DST)

@@ -101,7 +101,7 @@ def test_a_static_input_is_kept_rather_than_mapped_first():
     with K.accelerate(conv, backend="auto"):
         want = conv(x, edge_index)
     K.set_layer_order(None)
-    K.clear_cache()  # forget that call's input
+    K.clear_memos()  # forget that call's input
     with K.accelerate(conv, backend="auto"):
         widths = _Widths(conv)
         for _ in range(4):

@@ -72,7 +72,8 @@ def test_objective_is_part_of_the_cache_key(tmp_path, graph, monkeypatch):
 def test_env_cache_root(tmp_path, graph, monkeypatch):
     monkeypatch.setenv("LIGHTNING_FULLGRAPH_CACHE", str(tmp_path / "envroot"))
     path = partition_graph(graph, 2, progress=False)
-    assert path.parent == tmp_path / "envroot"
+    # The library's one cache directory: partitions in partitions/, the kernels in ext/.
+    assert path.parent == tmp_path / "envroot" / "partitions"
 
 
 def test_progress_prints_table_to_stderr(tmp_path, graph, capsys):
@@ -433,7 +434,7 @@ def test_unwritable_default_cache_root_names_the_environment_variable(tmp_path, 
     monkeypatch.setenv("LIGHTNING_FULLGRAPH_CACHE", str(tmp_path / "ro" / "cache"))
     read_only(tmp_path / "ro")  # the root cannot even be created
     with pytest.raises(PartitionWriteError,
-                       match=r"cache directory .*ro/cache \(from the "
+                       match=r"cache directory .*ro/cache/partitions \(from the "
                              r"LIGHTNING_FULLGRAPH_CACHE environment variable\)"):
         partition_graph(graph, 2, progress=False)
 
