@@ -3,8 +3,9 @@ r"""One memo for every "the same, unchanged input" shortcut of the library.
 Several parts keep a value computed from tensors and answer later calls with it while those
 tensors are the very same ones, unmodified: the kernels' CSR structures (:mod:`.kernels.csr`),
 ``GCNConv`` normalizations (:mod:`.kernels.gcn`), kept aggregations (:mod:`.kernels.kept`),
-validated index ranges (:mod:`.kernels.validate`) and the distributed engine's static-input memo
-(:mod:`.engine.static`).  They share :class:`TensorMemo`, and so one rule for what "the same,
+validated index ranges (:mod:`.kernels.validate`), the distributed engine's static-input memo
+(:mod:`.engine.static`) and its check that an edge list is the partition's own
+(:mod:`.engine.aggregation`).  They share :class:`TensorMemo`, and so one rule for what "the same,
 unchanged" means (:func:`signature`) and when an entry goes.
 
 What identifies a tensor while it lives is its storage, offset, shape, strides, dtype, device and

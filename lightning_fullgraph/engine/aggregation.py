@@ -27,7 +27,6 @@ pre partial aggregates, hybrid the fewest rows; where rows cross the wire as the
 and hybrid send both channels in one collective (:mod:`.one_buffer`), else hybrid makes two,
 and then post or pre win where a layer's rows are narrow and latency dominates.
 """
-import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -37,6 +36,7 @@ from torch_geometric.nn import aggr as pyg_aggr
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.nn.conv import MessagePassing
 
+from ..memo import TensorMemo, signature
 from .agreement import Agreement
 from .one_buffer import PreEdges, one_buffer_applies
 from .errors import guarded
@@ -94,14 +94,18 @@ class _SameTensor:
 
     A tensor counts as the reference when it is the same storage and version, or when its
     content is equal (after casting the reference to its dtype, as precision plugins do);
-    results are remembered per (storage, version, dtype, shape) for as long as the tensor
-    they were computed for lives (a new tensor at a freed one's address, e.g. this step's
+    results are remembered in a :class:`~lightning_fullgraph.memo.TensorMemo` (the last
+    :data:`SEEN` tensors checked) for as long as the tensor they were computed for lives
+    unmodified (a new tensor at a freed one's address, e.g. this step's
     ``edge_weight.double()`` where last step's normalized weights were, is checked anew).
     """
 
+    #: Checked tensors remembered.
+    SEEN = 64
+
     def __init__(self, reference: Tensor) -> None:
         self.reference = reference
-        self._seen: Dict[tuple, Tuple[Any, bool]] = {}  # signature -> (weakref, result)
+        self._seen = TensorMemo(self.SEEN)  # signature -> whether equal to the reference
         self._device_copies: Dict[tuple, Tensor] = {}
 
     def __call__(self, t: Any) -> bool:
@@ -112,14 +116,12 @@ class _SameTensor:
             return False
         if t is ref:
             return True
-        sig = (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape))
-        seen = self._seen.get(sig)
-        if seen is not None and seen[0]() is t:
-            return seen[1]
+        key = signature(t)
+        seen = self._seen.get(key, (t,), count=False)
+        if seen is not None:
+            return seen
         hit = bool(torch.equal(t.detach(), self.like(t)))
-        if len(self._seen) > 64:
-            self._seen.clear()
-        self._seen[sig] = (weakref.ref(t), hit)
+        self._seen.put(key, (t,), hit)
         return hit
 
     def like(self, t: Tensor) -> Tensor:
