@@ -8,6 +8,7 @@ block for other rows); :meth:`GridModule.full_state_dict` and
 :meth:`GridModule.load_full_state_dict` translate between the blocks and the ``state_dict``
 of the model on one process.
 """
+import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..memo import anchor, signature
 from . import pmm
 from .mesh import FourDMesh
 from .pmm import block, copy_to, layer_axes, reduce_from, summed
@@ -75,7 +77,7 @@ class GridModule(torch.nn.Module):
         self.mesh, self.seed, self.bf16_comm = mesh, int(seed), bool(bf16_comm)
         self._blocks: Dict[str, _Block] = {}
         self._adjacency: Dict[tuple, Tuple[Tensor, Optional[Tensor]]] = {}
-        self._batch_key: Optional[tuple] = None
+        self._batch_key: Optional[tuple] = None  # (weak ref to the batch's edge list, key)
         self._grid_members: Optional[tuple] = None  # reshard's view of the grid group
         # (batch rows, shape) of an input that is this process's block, not the batch's rows
         # (sharded data: bind_input).
@@ -83,6 +85,13 @@ class GridModule(torch.nn.Module):
         # Training forwards so far: seeds the dropout masks.  Checkpoint state (with the
         # random states: surgery.grid_steps), not a parameter of the single-process model.
         self.step = 0
+
+    def __getstate__(self) -> dict:
+        # The current batch's blocks are a cache of its edge list, and a weak reference
+        # cannot be pickled: a saved module (torch.save, deepcopy) starts a new batch.
+        state = dict(self.__dict__)
+        state["_batch_key"], state["_adjacency"] = None, {}
+        return state
 
     # -- blocks -----------------------------------------------------------------------------
     def _cols(self, n: int, axis: Optional[str]) -> slice:
@@ -226,11 +235,14 @@ class GridModule(torch.nn.Module):
     def new_batch(self, edge_index: Tensor, n: int) -> bool:
         r"""Forgets the adjacency blocks when :obj:`edge_index` (of :obj:`n` vertices) is
         another mini-batch's; returns whether it was."""
-        key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), n)
-        if key == self._batch_key:
+        # The very tensor, unmodified (memo.signature), and alive: a new batch's edge list
+        # may be allocated where the last one's was freed, with the same shape and version.
+        key = (signature(edge_index), n)
+        last = self._batch_key
+        if last is not None and last[0]() is anchor(edge_index) and last[1] == key:
             return False
         self._adjacency.clear()
-        self._batch_key = key
+        self._batch_key = (weakref.ref(anchor(edge_index)), key)
         return True
 
     def _adjacency_block(self, edge_index: Tensor, edge_weight: Optional[Tensor], n: int,
