@@ -43,51 +43,14 @@ from .store import (
     save_partitions,
 )
 
+# The public API: partitioning a graph, the per-rank views the engine consumes, the on-disk
+# store and its errors. Plans, covers and hashing helpers imported above are the engine's
+# building blocks, documented in their modules, not promised as API.
 __all__ = [
-    # errors
-    "PartitionError",
-    "EmptyPartitionError",
-    "PartitionFormatError",
-    "PartitionMismatchError",
-    "StalePartitionError",
-    "PartitionWriteError",
-    "ExportTargetError",
-    # METIS
-    "metis_partition",
-    "node_weights_for",
-    "combine_constraints",
-    "symmetric_csr",
-    # per-rank views
-    "LocalPartition",
-    "build_local_partitions",
-    "iter_local_partitions",
-    "split_attr_keys",
-    "LOCAL_FORMAT_VERSION",
-    # aggregation modes and plans
-    "MODES",
-    "AggregationPlan",
-    "ChannelPlan",
-    "build_plan",
-    "min_vertex_cover",
-    "VertexCover",
-    "cut_cover",
-    "CutCover",
-    # stats
-    "PartitionStats",
-    "partition_stats",
-    # storage / cache
-    "graph_fingerprint",
-    "options_hash",
-    "save_partitions",
-    "load_partition",
-    "check_partition",
-    "read_manifest",
-    "partition_cache_dir",
-    "default_cache_root",
-    "partition_graph",
-    "export_partition",
-    "part_file_name",
-    "FORMAT_VERSION",
-    "MANIFEST_NAME",
-    "CACHE_ENV",
+    "PartitionError", "EmptyPartitionError", "PartitionFormatError", "PartitionMismatchError",
+    "StalePartitionError", "PartitionWriteError", "ExportTargetError",
+    "metis_partition", "partition_graph", "export_partition", "load_partition",
+    "check_partition", "read_manifest", "default_cache_root", "CACHE_ENV",
+    "LocalPartition", "build_local_partitions", "iter_local_partitions",
+    "PartitionStats", "partition_stats",
 ]
