@@ -17,7 +17,7 @@ Full-graph training runs on a static graph, yet an unmodified PyG model recomput
   memory cannot have been reused) -- the previous output is returned without exchanging
   anything.  Input dropout makes a new tensor every step, so nothing is reused then.
 
-What the cache holds is held only while it can be reused: an entry refers to its input
+What the memo holds is held only while it can be reused: an entry refers to its input
 tensors (or the bases they view) *weakly* and is dropped (with its output) as soon as one of
 them is freed, so the activations a validation pass feeds to later layers (which need no
 gradient there, but change every epoch) are not kept alive until the next validation.
@@ -47,7 +47,7 @@ resumed from a checkpoint recomputes it at a later step, and must keep the very 
 uninterrupted run kept.  The decisions above are state a resumed run continues from
 (:meth:`StaticInputs.state_dict`; the strategies' checkpoints hold them): which calls still
 check, and so which draws they use, then follows the uninterrupted run's.
-``FullGraphEngine(static_inputs=False)`` turns the cache off.
+``FullGraphEngine(static_inputs=False)`` turns it off.
 
 Once an aggregation is kept, its inputs' pages are given back to the kernel where they are a
 private file mapping (:func:`~.file_pages.release_file_pages`): a partition loaded with
@@ -117,7 +117,7 @@ def twin_point(point: str, phase: str) -> str:
 
 
 class StaticInputs:
-    r"""Per-rank cache of static normalizations and aggregations (see the module docstring).
+    r"""Per-rank memo of static normalizations and aggregations (see the module docstring).
 
     Args:
         group (ProcessGroup, optional): Group of the agreement all-reduces.
