@@ -98,11 +98,11 @@ CONFIGS: Dict[str, List[str]] = {
     "cache-int2c-budgeted": ["--aggregation", "post", "--codec", "int2-compact", "--cache",
                              "budgeted"],
     "pipeline": ["--aggregation", "post", "--pipeline", "async"],
-    "sampling": ["--aggregation", "post", "--boundary-sampling", "0.1"],
+    "sampling": ["--aggregation", "post", "--sampling", "0.1"],
     "pipeline-int2": ["--aggregation", "post", "--pipeline", "async", "--codec", "int2"],
     "cache-int2c-pipeline": ["--aggregation", "post", "--codec", "int2-compact", "--cache",
                              "adaptive", "--pipeline", "async"],
-    "sampling-int2": ["--aggregation", "post", "--boundary-sampling", "0.1", "--codec", "int2"],
+    "sampling-int2": ["--aggregation", "post", "--sampling", "0.1", "--codec", "int2"],
     # What else a user could run on the same machines (time to accuracy against exact post):
     # FourDStrategy's default recipe (sampled half-graph batches) on a grid, with replicas or
     # on shards, and PyG's NeighborLoader GraphSAGE (fan-out 25, 10) with DDP.

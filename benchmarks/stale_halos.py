@@ -20,7 +20,7 @@ configurations:
                     (``--pipeline async``: PipeGCN, a sync epoch after 10)
 ``adaptor``         sync/async per epoch from the loss-descent rate
                     (``--pipeline adaptive``: SYLVIE's adaptor)
-``bns0.1``          boundary node sampling, p = 0.1 (``--boundary-sampling 0.1``)
+``bns0.1``          boundary node sampling, p = 0.1 (``--sampling 0.1``)
 ``cache+int2``      the cache, int2 rows and hybrid aggregation together
 ``cache+int2+bns``  the same with boundary node sampling, p = 0.1 (the cache chooses
                     among each epoch's sampled rows)
@@ -56,11 +56,11 @@ CONFIGS: Dict[str, Tuple[str, ...]] = {
     "cache": ("--cache", "adaptive"),
     "async": ("--pipeline", "async"),
     "adaptor": ("--pipeline", "adaptive"),
-    "bns0.1": ("--boundary-sampling", "0.1"),
+    "bns0.1": ("--sampling", "0.1"),
     "cache+int2": ("--cache", "adaptive", "--codec", "int2"),
-    "cache+int2+bns": ("--cache", "adaptive", "--codec", "int2", "--boundary-sampling", "0.1"),
+    "cache+int2+bns": ("--cache", "adaptive", "--codec", "int2", "--sampling", "0.1"),
     "cache+int2c": ("--cache", "adaptive", "--codec", "int2-compact"),
-    "cache+int2c+bns": ("--cache", "adaptive", "--codec", "int2-compact", "--boundary-sampling",
+    "cache+int2c+bns": ("--cache", "adaptive", "--codec", "int2-compact", "--sampling",
                         "0.1"),
     "nooverlap": ("--no-overlap",),
 }

@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "with each left out, and keep only those that shorten it (all ranks "
                          "decide alike; logged; default on; --no-step-aside keeps them "
                          "throughout)")
-    gx.add_argument("--sampling", "--boundary-sampling", dest="sampling", type=float,
+    gx.add_argument("--sampling", dest="sampling", type=float,
                     default=None, metavar="P",
                     help="boundary node sampling (BNS-GCN): keep a fraction P in (0, 1] of "
                          "each rank's halo nodes (and of the partial aggregates of pre/hybrid "
