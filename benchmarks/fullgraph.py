@@ -890,6 +890,7 @@ def main(argv=None) -> int:
                  "python": platform.python_version(), "torch": prep["torch"],
                  "torch_geometric": prep["torch_geometric"], "cores": args.cores,
                  "model": args.model, "hidden": args.hidden, "epochs": args.epochs,
+                 "kernels": args.kernels,
                  "aggregation": args.aggregation or "engine default",
                  "validate": args.validate,
                  "warmup": args.warmup, "quick": args.quick,

@@ -135,7 +135,7 @@ def test_curate_reproduces_the_committed_entry(tmp_path):
 
 def test_curate_refuses_a_topic_without_curator_and_an_entry_without_text(tmp_path):
     sample = str(DATA / "cluster-sage-narrow.json")
-    proc = _run("curate", sample, "--topic", "kernels", "--results", str(tmp_path / "r.json"))
+    proc = _run("curate", sample, "--topic", "hosts", "--results", str(tmp_path / "r.json"))
     assert proc.returncode != 0 and "no curator" in proc.stderr
     proc = _run("curate", sample, "--topic", "cluster", "--results", str(tmp_path / "r.json"))
     assert proc.returncode != 0 and "'title'" in proc.stderr
