@@ -153,7 +153,7 @@ def engine_kwargs(cfg: Dict[str, Any]) -> Dict[str, Any]:
     if exchange:
         out["exchange"] = exchange
     if cfg.get("cache_static") is not None:
-        out["cache_static"] = bool(cfg["cache_static"])
+        out["static_inputs"] = bool(cfg["cache_static"])
     return out
 
 

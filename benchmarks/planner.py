@@ -101,7 +101,10 @@ def _worker(rank: int, world_size: int, path: str, spec: Dict[str, Any]) -> Dict
     forward = _forward(spec["dropout"])
     runs, replay = {}, {}
     for mode in spec["modes"]:
-        engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=mode))
+        # The mode under test throughout: step aside's trial would switch the aggregation
+        # (and so re-normalize GCN, another degree exchange) after a few steps.
+        engine = FullGraphEngine(part, exchange=ExchangeConfig(aggregation=mode,
+                                                               step_aside=False))
         model = _build(spec, spec["features"], spec["classes"])
         engine.attach(model)
         data = engine.data
