@@ -146,10 +146,14 @@ def engine_kwargs(cfg: Dict[str, Any]) -> Dict[str, Any]:
     r"""Optional :class:`FullGraphEngine` keywords of a configuration: its
     :class:`ExchangeConfig` fields ``aggregation`` (``"post"``, ``"pre"``, ``"hybrid"``;
     absent: the default) and ``overlap``, and ``cache_static`` (absent: not passed).  Used by
-    ``benchmarks/aggregation.py``; JSON-able (the record keeps it)."""
+    ``benchmarks/aggregation.py``; JSON-able (the record keeps it).  A configuration that names
+    its aggregation measures that mode throughout: step aside is off (its trial would run the
+    other modes, and re-aggregate what the static-input memo keeps, in some epochs)."""
     out: Dict[str, Any] = {}
     exchange = {k: (bool(cfg[k]) if k == "overlap" else cfg[k])
                 for k in ("aggregation", "overlap") if cfg.get(k) is not None}
+    if "aggregation" in exchange:
+        exchange["step_aside"] = False
     if exchange:
         out["exchange"] = exchange
     if cfg.get("cache_static") is not None:
