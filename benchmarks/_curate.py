@@ -245,7 +245,7 @@ def _measured_row(label: str, r: Dict[str, Any], post: Optional[Dict[str, Any]])
 def curate_aggregation_measured(result: Dict[str, Any],
                                 where: Dict[str, str]) -> Tuple[List[str], List[list], dict]:
     """Parts 2 and 3 of ``python -m benchmarks aggregation``'s JSON on the synthetic graph:
-    the single process, every measured (P, mode) and GCN with the engine's static cache
+    the single process, every measured (P, mode) and GCN with the engine's static-input memo
     (``--static-cache``); halo bytes against post at the same P, memory against the single
     process."""
     runs = ((result.get("measured") or {}).get("synthetic") or {}).get("runs") or {}
@@ -258,7 +258,7 @@ def curate_aggregation_measured(result: Dict[str, Any],
         if r.get("model") == "gcn" and r.get("cache_static") and r["parts"] > 1:
             post = runs.get(f"P={r['parts']} post")
             rows.append(_measured_row(f"P = {r['parts']} {r.get('aggregation') or 'default'}"
-                                      " + static cache", r, post))
+                                      " + static-input memo", r, post))
     if not rows:
         raise SystemExit("the result holds no measured synthetic runs")
     return list(AGGREGATION_MEASURED_COLUMNS), rows, {}

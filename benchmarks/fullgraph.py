@@ -146,16 +146,13 @@ def engine_kwargs(cfg: Dict[str, Any]) -> Dict[str, Any]:
     r"""Optional :class:`FullGraphEngine` keywords of a configuration: its
     :class:`ExchangeConfig` fields ``aggregation`` (``"post"``, ``"pre"``, ``"hybrid"``;
     absent: the default) and ``overlap``, and ``cache_static`` (absent: not passed).  Used by
-    ``benchmarks/aggregation.py``; JSON-able (the record keeps it).  A configuration that names
-    its aggregation measures that mode throughout: step aside is off (its trial would run the
-    other modes, and re-aggregate what the static-input memo keeps, in some epochs)."""
+    ``benchmarks/aggregation.py``; JSON-able (the record keeps it).  A configuration is measured
+    as configured throughout: step aside is off (after a few steps its trial would run other
+    modes and stages, and re-aggregate what the static-input memo keeps, in timed epochs)."""
     out: Dict[str, Any] = {}
     exchange = {k: (bool(cfg[k]) if k == "overlap" else cfg[k])
                 for k in ("aggregation", "overlap") if cfg.get(k) is not None}
-    if "aggregation" in exchange:
-        exchange["step_aside"] = False
-    if exchange:
-        out["exchange"] = exchange
+    out["exchange"] = dict(exchange, step_aside=False)
     if cfg.get("cache_static") is not None:
         out["static_inputs"] = bool(cfg["cache_static"])
     return out

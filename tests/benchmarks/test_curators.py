@@ -110,7 +110,7 @@ def test_aggregation_measured():
     assert rows == [["1 process", "12.80 ± 0.50", None, "3,000", "100 %"],
                     ["P = 4 post", "17.60 ± 0.50", "1,000", "1,800–1,900", "63 %"],
                     ["P = 4 hybrid", "16.00 ± 0.50", "800 (1.25× less)", "1,700", "57 %"],
-                    ["P = 4 hybrid + static cache", "5.60 ± 0.50", "100 (10.00× less)", "1,500",
+                    ["P = 4 hybrid + static-input memo", "5.60 ± 0.50", "100 (10.00× less)", "1,500",
                      "50 %"]]
 
 
