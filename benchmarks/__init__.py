@@ -3,7 +3,7 @@
 Run a topic with ``python -m benchmarks <topic> [options]`` from the repository root;
 ``python -m benchmarks --help`` lists the topics, ``python -m benchmarks <topic> --help`` its
 options.  Every topic writes its result file to ``--out DIR``, ``$LIGHTNING_FULLGRAPH_BENCH_DIR``
-or ``~/.cache/lightning-fullgraph/benchmarks/``; ``python -m benchmarks curate`` turns result files
+or ``~/.cache/lightning_fullgraph/benchmarks/``; ``python -m benchmarks curate`` turns result files
 into entries of the committed ``benchmarks/results.json`` (the numbers the documentation cites),
 ``python -m benchmarks plot`` draws a topic's figure from one.
 

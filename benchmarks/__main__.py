@@ -45,7 +45,7 @@ def usage() -> str:
              "       python -m benchmarks plot TOPIC RESULT.json --out FIG.png",
              "",
              "Run from the repository root. Result files go to --out DIR, $LIGHTNING_FULLGRAPH_BENCH_DIR or",
-             "~/.cache/lightning-fullgraph/benchmarks/.",
+             "~/.cache/lightning_fullgraph/benchmarks/.",
              "",
              "topics:"]
     lines += [f"  {name:<{width}}  {desc}" for name, desc in found.items()]

@@ -1,7 +1,7 @@
 """What the benchmark topics share: where results go, writing and printing them, timing helpers.
 
 Results are written outside the repository: to ``--out DIR`` when a topic is given one, else to
-``$LIGHTNING_FULLGRAPH_BENCH_DIR``, else to ``~/.cache/lightning-fullgraph/benchmarks/``.  Each
+``$LIGHTNING_FULLGRAPH_BENCH_DIR``, else to ``~/.cache/lightning_fullgraph/benchmarks/``.  Each
 run writes ``<topic>-<YYYYmmdd-HHMMSS>.json`` there (the JSON the topic prints, or its rows);
 ``python -m benchmarks curate`` turns such files into entries of the committed
 ``benchmarks/results.json``, and ``python -m benchmarks plot`` draws the figures of a topic
@@ -42,20 +42,23 @@ def module_command(topic: str) -> List[str]:
 
 
 def results_dir(out: Optional[os.PathLike] = None) -> Path:
-    """The results directory (created): ``out``, else ``$LIGHTNING_FULLGRAPH_BENCH_DIR``, else
-    ``~/.cache/lightning-fullgraph/benchmarks``."""
-    if out is None or str(out) == "":
-        env = os.environ.get(RESULTS_ENV)
-        out = Path(env) if env else Path.home() / ".cache" / "lightning-fullgraph" / "benchmarks"
-    path = Path(out).expanduser()
+    """The results directory (created): ``out``, else :func:`default_results_root`."""
+    path = Path(out if out is not None and str(out) != "" else default_results_root()).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def default_results_root() -> Path:
-    """The default results directory, not created (for defaults shown in ``--help``)."""
+    """The default results directory, not created (for defaults shown in ``--help``):
+    ``$LIGHTNING_FULLGRAPH_BENCH_DIR``, else ``benchmarks/`` in the library's cache directory
+    (``$LIGHTNING_FULLGRAPH_CACHE`` or ``~/.cache/lightning_fullgraph``, beside its partitions
+    and compiled kernels)."""
     env = os.environ.get(RESULTS_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "lightning-fullgraph" / "benchmarks"
+    if env:
+        return Path(env)
+    cache = os.environ.get("LIGHTNING_FULLGRAPH_CACHE")
+    root = Path(cache) if cache else Path.home() / ".cache" / "lightning_fullgraph"
+    return root / "benchmarks"
 
 
 def stamp() -> str:
@@ -80,7 +83,7 @@ def add_out_argument(parser: argparse.ArgumentParser, *, file_ok: bool = False) 
     extra = " (a path ending in .json: that file)" if file_ok else ""
     parser.add_argument("--out", default=None, metavar="DIR",
                         help=f"directory of the result file{extra}; default ${RESULTS_ENV} or "
-                             "~/.cache/lightning-fullgraph/benchmarks")
+                             "~/.cache/lightning_fullgraph/benchmarks")
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, *, node_cores: int) -> None:

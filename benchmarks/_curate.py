@@ -14,7 +14,7 @@ that order.  Every entry of the committed file is curated this way from a result
 wrote; none is copied by hand from a printed table.  To regenerate one, run the command its
 ``command`` field names (the result file's path is printed on stderr), then e.g.::
 
-    python -m benchmarks curate ~/.cache/lightning-fullgraph/benchmarks/planner-<stamp>.json \\
+    python -m benchmarks curate ~/.cache/lightning_fullgraph/benchmarks/planner-<stamp>.json \\
         --topic planner --key planner --command "python -m benchmarks planner ..." \\
         --measured YYYY-MM-DD --notes "what the new run shows"
 

@@ -63,7 +63,7 @@ written before cda1158 have none, or ``"default"``: they spun).
 
 Prints a table, writes JSON (``--json-out``, default ``cluster-<time>.json`` in the results
 directory: ``--out DIR``, ``$LIGHTNING_FULLGRAPH_BENCH_DIR`` or
-``~/.cache/lightning-fullgraph/benchmarks``) and, with ``--plot``, a figure of step time per
+``~/.cache/lightning_fullgraph/benchmarks``) and, with ``--plot``, a figure of step time per
 configuration and model (``python -m benchmarks plot cluster RESULTS.json --out FIG.png`` draws
 it again from the file).
 """

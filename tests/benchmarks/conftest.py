@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 def results_in_tmp(tmp_path, monkeypatch):
     """Every topic run by a test (in process or in a subprocess, which inherits the
     environment) writes its result file under the test's temporary directory, not the user's
-    ``~/.cache/lightning-fullgraph/benchmarks``."""
+    ``~/.cache/lightning_fullgraph/benchmarks``."""
     out = tmp_path / "bench-results"
     monkeypatch.setenv("LIGHTNING_FULLGRAPH_BENCH_DIR", str(out))
     return out

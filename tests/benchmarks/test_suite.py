@@ -71,8 +71,12 @@ def test_no_module_edits_sys_path():
 def test_results_go_outside_the_repository_by_default(monkeypatch, tmp_path):
     from benchmarks import _common
     monkeypatch.delenv(_common.RESULTS_ENV, raising=False)
+    monkeypatch.delenv("LIGHTNING_FULLGRAPH_CACHE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert _common.results_dir() == tmp_path / ".cache" / "lightning-fullgraph" / "benchmarks"
+    # The library's one cache directory: partitions/, ext/ and benchmarks/ inside it.
+    assert _common.results_dir() == tmp_path / ".cache" / "lightning_fullgraph" / "benchmarks"
+    monkeypatch.setenv("LIGHTNING_FULLGRAPH_CACHE", str(tmp_path / "cache"))
+    assert _common.results_dir() == tmp_path / "cache" / "benchmarks"
     monkeypatch.setenv(_common.RESULTS_ENV, str(tmp_path / "env"))
     assert _common.results_dir() == tmp_path / "env"
     assert _common.results_dir(tmp_path / "given") == tmp_path / "given"
