@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from lightning_fullgraph._paths import cache_home
+
 #: The repository root (the directory holding ``benchmarks/``): the working directory of the
 #: subprocesses a topic starts, and their ``PYTHONPATH``, so that they import this package.
 REPO = Path(__file__).resolve().parent.parent
@@ -56,9 +58,7 @@ def default_results_root() -> Path:
     env = os.environ.get(RESULTS_ENV)
     if env:
         return Path(env)
-    cache = os.environ.get("LIGHTNING_FULLGRAPH_CACHE")
-    root = Path(cache) if cache else Path.home() / ".cache" / "lightning_fullgraph"
-    return root / "benchmarks"
+    return cache_home() / "benchmarks"
 
 
 def stamp() -> str:

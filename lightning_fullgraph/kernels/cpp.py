@@ -36,6 +36,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from .._paths import cache_home
+
 __all__ = ["load", "is_available", "build_extension", "source_dir", "build_dir",
            "disabled_by_env"]
 
@@ -121,9 +123,7 @@ def ext_root() -> Path:
     explicit = os.environ.get("LIGHTNING_FULLGRAPH_EXT_DIR")
     if explicit:
         return Path(explicit)
-    root = Path(os.environ.get("LIGHTNING_FULLGRAPH_CACHE",
-                               Path.home() / ".cache" / "lightning_fullgraph"))
-    return root / "ext"
+    return cache_home() / "ext"
 
 
 def _stage_sources(src: Path, bdir: Path, sources: Sequence[str] = _SOURCES) -> List[Path]:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 
 import torch
 
+from .._paths import CACHE_ENV, cache_home
 from .errors import (
     PartitionError,
     PartitionFormatError,
@@ -64,10 +65,6 @@ log = logging.getLogger(__name__)
 #: 3: importance levels of boundary nodes in every rank's file.
 FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
-#: Environment variable naming the library's cache directory (default
-#: ``~/.cache/lightning_fullgraph``): partitions under ``partitions/``, the compiled kernels
-#: under ``ext/`` (:func:`lightning_fullgraph.kernels.cpp.ext_root`).
-CACHE_ENV = "LIGHTNING_FULLGRAPH_CACHE"
 
 PathLike = Union[str, os.PathLike]
 
@@ -80,9 +77,7 @@ def part_file_name(rank: int, num_parts: int) -> str:
 def default_cache_root() -> Path:
     r"""``partitions/`` in the library's cache directory: ``$LIGHTNING_FULLGRAPH_CACHE`` or
     ``~/.cache/lightning_fullgraph`` (the compiled kernels sit beside it, in ``ext/``)."""
-    env = os.environ.get(CACHE_ENV)
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "lightning_fullgraph"
-    return root / "partitions"
+    return cache_home() / "partitions"
 
 
 def partition_cache_dir(root: Optional[PathLike], fingerprint: str, num_parts: int,
